@@ -1,0 +1,72 @@
+"""The decoder's knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from .tree import min_block_complexity
+
+MASK_INITS = ("prompt_mean", "last_k", "sample", "token")
+DRAFTERS = ("esp",)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Settings of probe-mtp decoding (all also accepted as keyword arguments of ``generate``).
+
+    - ``num_masks`` (k): mask inputs appended to every tree node; mask j proposes depth j.
+    - ``budget`` (BC): inputs of one verification pass, ``(k + 1) * (1 + draft nodes)``; never
+      exceeded.  BC=30 with k=1 is one level of 14 alternatives.
+    - ``mask_init``: ``"prompt_mean"`` (mean of the prompt's input embeddings; the paper's best),
+      ``"last_k"`` (embeddings of the last k prompt tokens, one per mask slot), ``"sample"`` (a
+      seeded draw from N(mu, sigma^2 I) fitted to the vocabulary embeddings) or ``"token"`` (the
+      embedding of ``mask_token``).
+    - ``mask_update`` (lambda): EMA update ``m <- m + lambda (E[e_t] - m)`` after every generated
+      token; 0 freezes the vectors.
+    - ``mask_token``: token id for ``mask_init="token"``.
+    - ``mask_seed``: seed of ``mask_init="sample"``.
+    - ``prune_repeats``: drop a candidate equal to its parent's token (next-best takes its place).
+    - ``drafter``: which drafter proposes the tree.
+    """
+
+    num_masks: int = 1
+    budget: int = 30
+    mask_init: str = "prompt_mean"
+    mask_update: float = 0.1
+    mask_token: int | None = None
+    mask_seed: int = 0
+    prune_repeats: bool = True
+    drafter: str = "esp"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_masks, int) or isinstance(self.num_masks, bool) or self.num_masks < 1:
+            raise ValueError(f"num_masks must be an integer >= 1 (the probe needs at least one mask), got {self.num_masks!r}")
+        if not isinstance(self.budget, int) or isinstance(self.budget, bool):
+            raise TypeError(f"budget must be an integer number of inputs per pass, got {self.budget!r}")
+        smallest = min_block_complexity(self.num_masks)
+        if self.budget < smallest:
+            raise ValueError(
+                f"budget={self.budget} is too small for num_masks={self.num_masks}: the smallest tree "
+                f"(root + one draft node, each with {self.num_masks} mask(s)) needs {smallest} inputs; "
+                f"use budget >= {smallest}"
+            )
+        if self.mask_init not in MASK_INITS:
+            raise ValueError(f"mask_init must be one of {MASK_INITS}, got {self.mask_init!r}")
+        if self.mask_init == "token" and self.mask_token is None:
+            raise ValueError("mask_init='token' needs mask_token=<token id>")
+        if not 0.0 <= float(self.mask_update) <= 1.0:
+            raise ValueError(f"mask_update (the EMA rate lambda) must lie in [0, 1], got {self.mask_update!r}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_kwargs(cls, base: "ProbeConfig | None" = None, **kwargs) -> "ProbeConfig":
+        """``base`` (default settings if None) with the given fields replaced."""
+        unknown = set(kwargs) - set(cls.field_names())
+        if unknown:
+            raise TypeError(f"unknown probe-mtp option(s): {sorted(unknown)}; known: {list(cls.field_names())}")
+        return replace(base or cls(), **kwargs)

@@ -1,0 +1,58 @@
+"""The drafter interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..tree import TokenTree
+
+
+@dataclass
+class StepFeedback:
+    """What one verification pass tells the drafter.
+
+    - ``tree``: the tree that was verified (a root-only tree for the prefill pass);
+    - ``accepted``: accepted node indices, root first;
+    - ``new_tokens``: the tokens committed by this pass (accepted drafts + bonus), before any
+      truncation at EOS or the length limit;
+    - ``node_logits``: ``[tree.size, V]`` the model's logits after each node;
+    - ``mask_logits``: ``[k, V]`` logits of the deepest accepted node's masks (None when k = 0);
+    - ``context``: every committed token so far (prompt + generated), 1D numpy.
+    """
+
+    tree: TokenTree
+    accepted: np.ndarray
+    new_tokens: np.ndarray
+    node_logits: torch.Tensor
+    mask_logits: torch.Tensor | None
+    context: np.ndarray
+    is_prefill: bool = False
+
+
+class Drafter(ABC):
+    """Proposes trees; ``num_masks`` mask inputs are appended to every node of its trees."""
+
+    name: str = "drafter"
+    num_masks: int = 0
+
+    def __init__(self, budget: int):
+        self.budget = int(budget)
+
+    @property
+    def max_nodes(self) -> int:
+        """Draft nodes (root excluded) that fit the budget with this drafter's masks."""
+        return self.budget // (self.num_masks + 1) - 1
+
+    def start(self, prompt_ids: np.ndarray) -> None:
+        """Reset per-generation state for a new prompt."""
+
+    @abstractmethod
+    def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
+        """The tree to verify next; ``context`` holds every committed token (root last)."""
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """Learn from a verification pass (called after prefill too)."""

@@ -1,0 +1,141 @@
+"""The KV cache of a decoding run: creation, checks, attention inputs for a pass, and rollback to
+the accepted path.
+
+transformers 5 offers no public selection along the sequence, so after each pass every layer keeps
+``cached prefix + accepted inputs`` by ``index_select`` on its keys and values.  Sliding-window
+layers record the past during a pass (``activate_past_recording``) and are trimmed back to their
+window afterwards, with ``cumulative_length`` set to the committed length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from .tree import additive_mask, full_attention_mask, sliding_attention_mask
+
+SUPPORTED_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be decoded with tree verification (no KV cache, recurrent state, ...)."""
+
+
+def new_cache(model) -> DynamicCache:
+    """A fresh ``DynamicCache`` for ``model``, checked to hold only attention layers that can be
+    rolled back."""
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception as exc:  # noqa: BLE001 - report any failure as unsupported
+        raise UnsupportedModelError(
+            f"{type(model).__name__} cannot use a transformers DynamicCache ({exc}); probe-mtp needs a KV cache"
+        ) from exc
+    bad = sorted({type(layer).__name__ for layer in cache.layers if type(layer) not in SUPPORTED_LAYERS})
+    if bad:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} keeps cache layers of type {bad} (recurrent or compressed state) that "
+            "cannot be rolled back to an accepted tree path; probe-mtp supports attention models with "
+            "full or sliding-window KV caches"
+        )
+    return cache
+
+
+def cached_length(cache: DynamicCache) -> int:
+    """Committed tokens held by the cache (the sequence length, not the sliding windows' sizes)."""
+    return cache.get_seq_length()
+
+
+def _first_sliding(cache: DynamicCache) -> DynamicSlidingWindowLayer | None:
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            return layer
+    return None
+
+
+@dataclass
+class AttentionFormat:
+    """How masks are handed to this model: bool for sdpa, additive float for eager."""
+
+    additive_dtype: torch.dtype | None  # None: boolean masks
+    device: torch.device
+
+    @classmethod
+    def for_model(cls, model) -> "AttentionFormat":
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        if impl == "sdpa":
+            return cls(None, model.device)
+        if impl == "eager":
+            return cls(model.dtype, model.device)
+        raise UnsupportedModelError(
+            f"attn_implementation={impl!r} cannot take a tree attention mask; load the model with "
+            "attn_implementation='sdpa' (recommended) or 'eager'"
+        )
+
+    def finish(self, mask: torch.Tensor) -> torch.Tensor:
+        return mask if self.additive_dtype is None else additive_mask(mask, self.additive_dtype)
+
+
+def attention_inputs(
+    cache: DynamicCache,
+    block_visible,
+    block_positions: torch.Tensor,
+    fmt: AttentionFormat,
+    past_visible: torch.Tensor | None = None,
+):
+    """The ``attention_mask`` argument for a pass of ``len(block_positions)`` new inputs on top of
+    ``cache``: one 4D mask, or for models with sliding-window layers the dict
+    ``{"full_attention": ..., "sliding_attention": ...}``."""
+    past_len = cached_length(cache)
+    n = int(block_positions.shape[0])
+    full = fmt.finish(full_attention_mask(block_visible, past_len, past_visible, device=fmt.device))
+    sliding_layer = _first_sliding(cache)
+    if sliding_layer is None:
+        return full
+    kv_length, kv_offset = sliding_layer.get_mask_sizes(n)
+    sliding_past_visible = None
+    if past_visible is not None:
+        sliding_past_visible = past_visible[kv_offset : kv_offset + kv_length - n]
+    sliding = sliding_attention_mask(
+        block_visible,
+        block_positions,
+        kv_offset,
+        kv_length,
+        sliding_layer.sliding_window,
+        sliding_past_visible,
+        device=fmt.device,
+    )
+    return {"full_attention": full, "sliding_attention": fmt.finish(sliding)}
+
+
+def start_recording(cache: DynamicCache) -> None:
+    """Make sliding layers keep every entry of a pass until :func:`keep_accepted` trims them."""
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.activate_past_recording()
+
+
+def keep_accepted(cache: DynamicCache, num_new: int, keep_new: torch.Tensor) -> None:
+    """After a pass that appended ``num_new`` entries, keep the previously cached entries and, of
+    the new ones, only ``keep_new`` (indices into the pass's inputs, in sequence order)."""
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        total = layer.keys.shape[-2]
+        old = total - num_new
+        if keep_new.numel() == num_new and bool((keep_new == torch.arange(num_new, device=keep_new.device)).all()):
+            idx = None
+        else:
+            idx = torch.cat([torch.arange(old, device=layer.keys.device), old + keep_new.to(layer.keys.device)])
+        if idx is not None:
+            layer.keys = layer.keys.index_select(-2, idx)
+            layer.values = layer.values.index_select(-2, idx)
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            # cumulative_length counted all num_new entries; the sequence grew by len(keep_new) only
+            layer.cumulative_length = layer.cumulative_length - num_new + int(keep_new.numel())
+            window = layer.sliding_window - 1
+            if layer.keys.shape[-2] > window:
+                layer.keys = layer.keys[:, :, -window:, :]
+                layer.values = layer.values[:, :, -window:, :]

@@ -1,0 +1,103 @@
+"""One decoding step as a pipeline of small functions.
+
+    tree   = drafter.propose(root)                      # tree/ : build from the previous masks
+    layout = esp_layout(tree, k)                        # cached per tree shape by the decoder
+    inputs = assemble_inputs(...)                       # embeds, 4D mask (or dict), position ids
+    logits = forward_pass(model, cache, inputs)         # one pass over BC inputs
+    path   = accept_greedy(tree, node_targets(...))     # walk the tree with the model's own tokens
+    keep_accepted(cache, ...)                           # kv.py : prefix + accepted path
+    drafter.observe(mask logits of path[-1])            # seed the next tree
+
+Each function takes and returns plain tensors / arrays so it can be tested on toy inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .kv import AttentionFormat, attention_inputs
+from .masks import MaskVectors
+from .tree import TokenTree, TreeLayout
+
+
+@dataclass
+class PassInputs:
+    inputs_embeds: torch.Tensor  # [1, N, H]
+    attention_mask: torch.Tensor | dict  # [1, 1, N, P+N] or {"full_attention", "sliding_attention"}
+    position_ids: torch.Tensor  # [1, N]
+
+
+def assemble_inputs(
+    embed: torch.nn.Module,
+    tree: TokenTree,
+    layout: TreeLayout,
+    masks: MaskVectors | None,
+    root_position: int,
+    cache,
+    fmt: AttentionFormat,
+    past_visible: torch.Tensor | None = None,
+) -> PassInputs:
+    """Embeddings ``[root | nodes | masks]``, the tree attention mask and depth-based position ids."""
+    device = fmt.device
+    node_ids = torch.tensor(tree.tokens, device=device)
+    embeds = embed(node_ids)
+    if layout.num_masks:
+        if masks is None:
+            raise ValueError("a layout with mask slots needs mask vectors")
+        slot = torch.from_numpy(layout.mask_index[layout.tree_size :] - 1).to(device)
+        embeds = torch.cat([embeds, masks.vectors.index_select(0, slot).to(embeds.dtype)], dim=0)
+    positions = torch.from_numpy(layout.position_offsets).to(device) + int(root_position)
+    attn = attention_inputs(cache, layout.visible, positions, fmt, past_visible)
+    return PassInputs(embeds[None], attn, positions[None])
+
+
+def forward_pass(model, cache, inputs: PassInputs, logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
+    """One forward pass on top of ``cache`` (which grows by N entries); returns logits ``[M, V]``
+    as float32 (M = N, or the number of positions kept)."""
+    out = model(
+        inputs_embeds=inputs.inputs_embeds,
+        attention_mask=inputs.attention_mask,
+        position_ids=inputs.position_ids,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    )
+    return out.logits[0].float()
+
+
+def node_targets(node_logits: torch.Tensor) -> np.ndarray:
+    """Greedy: the model's next token after each node (argmax of its processed logits)."""
+    return node_logits.argmax(dim=-1).cpu().numpy()
+
+
+def accept_greedy(tree: TokenTree, targets: np.ndarray) -> np.ndarray:
+    """Walk from the root: move to the child carrying the model's token while one exists.
+
+    Returns the accepted node indices, root first; the bonus token is ``targets[path[-1]]``.
+    """
+    if tree.size == 1:
+        return np.zeros(1, dtype=np.int64)
+    # a node "matches" when it carries the token its parent's logits chose
+    matches = np.zeros(tree.size, dtype=bool)
+    matches[1:] = tree.tokens[1:] == targets[tree.parents[1:]]
+    path = [0]
+    candidates = np.flatnonzero(matches)
+    parents_of_matches = tree.parents[candidates]
+    while True:
+        nxt = candidates[parents_of_matches == path[-1]]
+        if nxt.size == 0:
+            return np.array(path, dtype=np.int64)
+        path.append(int(nxt[0]))
+
+
+def top_candidates(mask_logits: torch.Tensor, width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per mask j, the ``width`` most probable tokens and their probabilities (descending)."""
+    width = min(width, mask_logits.shape[-1])
+    probs = torch.softmax(mask_logits.float(), dim=-1)
+    top = torch.topk(probs, width, dim=-1)
+    toks = top.indices.cpu().numpy()
+    ps = top.values.double().cpu().numpy()
+    return list(toks), list(ps)

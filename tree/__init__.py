@@ -1,0 +1,32 @@
+"""Token trees for tree-structured speculative decoding, model-free.
+
+This package knows nothing about language models: it holds draft tokens with parent pointers,
+builds trees from candidate distributions under a node budget, lays them out as the ESP input
+block (``[root | nodes breadth-first | k masks per owner]``) with attention rules and position
+offsets, counts block complexity and exports to networkx.  It is installed as ``probe_mtp.tree``.
+"""
+
+from .token_tree import TokenTree
+from .build import best_first, chain
+from .budget import block_complexity, node_budget, min_block_complexity
+from .layout import TreeLayout, esp_layout, prefill_layout
+from .attention import (
+    additive_mask,
+    full_attention_mask,
+    sliding_attention_mask,
+)
+
+__all__ = [
+    "TokenTree",
+    "TreeLayout",
+    "best_first",
+    "chain",
+    "block_complexity",
+    "node_budget",
+    "min_block_complexity",
+    "esp_layout",
+    "prefill_layout",
+    "additive_mask",
+    "full_attention_mask",
+    "sliding_attention_mask",
+]

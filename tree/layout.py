@@ -1,0 +1,94 @@
+"""The ESP input layout of one verification pass.
+
+Inputs, in order: ``[root | draft nodes, breadth-first | k masks of node 0 | k masks of node 1 | ...]``.
+
+- A node at depth d has position offset d (position id ``p0 + d``, p0 the root's position) and
+  attends to the cache, its ancestors and itself.
+- Mask j (1..k) of owner b has position offset ``depth(b) + j`` and attends to everything b attends
+  to, plus b, plus b's masks 1..j.  It never sees other owners' masks.
+
+A layout depends only on the tree's shape and k, so callers may cache it by ``TokenTree.shape_key``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .token_tree import TokenTree
+
+
+@dataclass(frozen=True, eq=False)
+class TreeLayout:
+    """Where each input of the pass sits and what it may attend to (within the new block).
+
+    - ``visible[q, kv]``: bool ``[N, N]``, the block part of the attention mask (the cache part is
+      all-visible for every row, subject to sliding windows);
+    - ``position_offsets[q]``: position id minus the root's position id;
+    - ``owner[q]``: the tree node an input belongs to (itself for nodes);
+    - ``mask_index[q]``: 0 for nodes, j (1..k) for mask j.
+    """
+
+    tree_size: int
+    num_masks: int
+    visible: np.ndarray
+    position_offsets: np.ndarray
+    owner: np.ndarray
+    mask_index: np.ndarray
+
+    @property
+    def num_inputs(self) -> int:
+        return int(self.position_offsets.shape[0])
+
+    @property
+    def is_mask(self) -> np.ndarray:
+        return self.mask_index > 0
+
+    def mask_slots(self, owner: int) -> np.ndarray:
+        """Input indices of owner's masks 1..k, in order of j."""
+        return np.flatnonzero((self.owner == owner) & (self.mask_index > 0))
+
+
+def esp_layout(tree: TokenTree, num_masks: int) -> TreeLayout:
+    """The layout of ``tree`` with ``num_masks`` masks per node (``num_masks=0``: nodes only)."""
+    if num_masks < 0:
+        raise ValueError(f"num_masks must be >= 0, got {num_masks}")
+    n, k = tree.size, num_masks
+    total = n * (k + 1)
+    anc = tree.ancestor_matrix()  # [n, n]
+
+    visible = np.zeros((total, total), dtype=bool)
+    visible[:n, :n] = anc
+    owner = np.concatenate([np.arange(n), np.repeat(np.arange(n), k)])
+    mask_index = np.concatenate([np.zeros(n, dtype=np.int64), np.tile(np.arange(1, k + 1), n)])
+    if k:
+        mask_rows = np.arange(n, total)
+        # what the owner sees (its ancestors and itself) ...
+        visible[mask_rows, :n] = anc[owner[n:]]
+        # ... plus the owner's own masks 1..j: block lower-triangular per owner
+        tri = np.tril(np.ones((k, k), dtype=bool))
+        blocks = visible[n:, n:].reshape(n, k, n, k)
+        blocks[np.arange(n), :, np.arange(n), :] = tri
+        visible[n:, n:] = blocks.reshape(n * k, n * k)
+    position_offsets = tree.depths[owner] + mask_index
+    for arr in (visible, position_offsets, owner, mask_index):
+        arr.setflags(write=False)
+    return TreeLayout(n, k, visible, position_offsets.astype(np.int64), owner, mask_index)
+
+
+def prefill_layout(prompt_len: int, num_masks: int) -> TreeLayout:
+    """Prefill: the prompt (causal) followed by k masks owned by the last prompt token.
+
+    Position offsets are relative to the first prompt token (absolute positions for an empty
+    cache).  ``owner`` of the masks is ``prompt_len - 1``.
+    """
+    if prompt_len < 1:
+        raise ValueError("prompt_len must be >= 1")
+    p, k = prompt_len, num_masks
+    total = p + k
+    visible = np.tril(np.ones((total, total), dtype=bool))  # masks see the prompt and masks 1..j
+    position_offsets = np.concatenate([np.arange(p), p - 1 + np.arange(1, k + 1)])
+    owner = np.concatenate([np.arange(p), np.full(k, p - 1)])
+    mask_index = np.concatenate([np.zeros(p, dtype=np.int64), np.arange(1, k + 1)])
+    return TreeLayout(p, k, visible, position_offsets.astype(np.int64), owner, mask_index)
