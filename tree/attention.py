@@ -14,7 +14,7 @@ import torch
 
 def _as_bool_tensor(block_visible, device) -> torch.Tensor:
     if isinstance(block_visible, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(block_visible)).to(device=device, dtype=torch.bool)
+        return torch.tensor(block_visible, dtype=torch.bool, device=device)
     return block_visible.to(device=device, dtype=torch.bool)
 
 

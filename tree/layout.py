@@ -71,10 +71,10 @@ def esp_layout(tree: TokenTree, num_masks: int) -> TreeLayout:
         blocks = visible[n:, n:].reshape(n, k, n, k)
         blocks[np.arange(n), :, np.arange(n), :] = tri
         visible[n:, n:] = blocks.reshape(n * k, n * k)
-    position_offsets = tree.depths[owner] + mask_index
+    position_offsets = (tree.depths[owner] + mask_index).astype(np.int64)
     for arr in (visible, position_offsets, owner, mask_index):
         arr.setflags(write=False)
-    return TreeLayout(n, k, visible, position_offsets.astype(np.int64), owner, mask_index)
+    return TreeLayout(n, k, visible, position_offsets, owner, mask_index)
 
 
 def prefill_layout(prompt_len: int, num_masks: int) -> TreeLayout:
@@ -85,10 +85,15 @@ def prefill_layout(prompt_len: int, num_masks: int) -> TreeLayout:
     """
     if prompt_len < 1:
         raise ValueError("prompt_len must be >= 1")
+    if num_masks < 0:
+        raise ValueError(f"num_masks must be >= 0, got {num_masks}")
     p, k = prompt_len, num_masks
     total = p + k
     visible = np.tril(np.ones((total, total), dtype=bool))  # masks see the prompt and masks 1..j
     position_offsets = np.concatenate([np.arange(p), p - 1 + np.arange(1, k + 1)])
     owner = np.concatenate([np.arange(p), np.full(k, p - 1)])
     mask_index = np.concatenate([np.zeros(p, dtype=np.int64), np.arange(1, k + 1)])
-    return TreeLayout(p, k, visible, position_offsets.astype(np.int64), owner, mask_index)
+    position_offsets = position_offsets.astype(np.int64)
+    for arr in (visible, position_offsets, owner, mask_index):
+        arr.setflags(write=False)
+    return TreeLayout(p, k, visible, position_offsets, owner, mask_index)
