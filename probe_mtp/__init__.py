@@ -2,7 +2,7 @@
 
 from .config import ProbeConfig
 from .decoder import DecodeStats, GenerateOutput, ProbeDecoder
-from .generate import generate
+from .generate import custom_generate, generate
 from .loading import EMBEDDED_MODELS, load_model
 
 __version__ = "0.1.0"
@@ -13,6 +13,7 @@ __all__ = [
     "DecodeStats",
     "GenerateOutput",
     "generate",
+    "custom_generate",
     "load_model",
     "EMBEDDED_MODELS",
 ]

@@ -7,7 +7,10 @@ from dataclasses import dataclass, fields, replace
 from .tree import min_block_complexity
 
 MASK_INITS = ("prompt_mean", "last_k", "sample", "token")
-DRAFTERS = ("esp",)
+SAMPLING_RULES = ("match", "rejection")
+DRAFTERS = ("esp", "pld", "lookahead", "stand", "ar")
+# drafters that append no mask inputs: ``num_masks`` is validated but does not apply to them
+MASK_FREE_DRAFTERS = ("pld", "lookahead", "stand", "ar")
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,11 @@ class ProbeConfig:
     - ``mask_token``: token id for ``mask_init="token"``.
     - ``mask_seed``: seed of ``mask_init="sample"``.
     - ``prune_repeats``: drop a candidate equal to its parent's token (next-best takes its place).
-    - ``drafter``: which drafter proposes the tree.
+    - ``drafter``: which drafter proposes the tree: ``"esp"`` (embedding-space probing, uses
+      ``num_masks``), or the mask-free baselines ``"pld"`` (prompt lookup), ``"lookahead"``
+      (lookahead decoding), ``"stand"`` (n-gram memory of the model's logits) and ``"ar"`` (plain
+      one-token decoding through the same loop).  The baselines ignore ``num_masks``; their trees
+      hold at most ``budget`` nodes, the root included.
     """
 
     num_masks: int = 1
@@ -37,25 +44,36 @@ class ProbeConfig:
     mask_seed: int = 0
     prune_repeats: bool = True
     drafter: str = "esp"
+    sampling_rule: str = "match"
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_masks, int) or isinstance(self.num_masks, bool) or self.num_masks < 1:
             raise ValueError(f"num_masks must be an integer >= 1 (the probe needs at least one mask), got {self.num_masks!r}")
         if not isinstance(self.budget, int) or isinstance(self.budget, bool):
             raise TypeError(f"budget must be an integer number of inputs per pass, got {self.budget!r}")
-        smallest = min_block_complexity(self.num_masks)
-        if self.budget < smallest:
-            raise ValueError(
-                f"budget={self.budget} is too small for num_masks={self.num_masks}: the smallest tree "
-                f"(root + one draft node, each with {self.num_masks} mask(s)) needs {smallest} inputs; "
-                f"use budget >= {smallest}"
-            )
+        if self.drafter in MASK_FREE_DRAFTERS:
+            smallest = min_block_complexity(0)
+            if self.budget < smallest:
+                raise ValueError(
+                    f"budget={self.budget} is too small for drafter={self.drafter!r}: the smallest tree "
+                    f"(root + one draft node) needs {smallest} inputs; use budget >= {smallest}"
+                )
+        else:
+            smallest = min_block_complexity(self.num_masks)
+            if self.budget < smallest:
+                raise ValueError(
+                    f"budget={self.budget} is too small for num_masks={self.num_masks}: the smallest tree "
+                    f"(root + one draft node, each with {self.num_masks} mask(s)) needs {smallest} inputs; "
+                    f"use budget >= {smallest}"
+                )
         if self.mask_init not in MASK_INITS:
             raise ValueError(f"mask_init must be one of {MASK_INITS}, got {self.mask_init!r}")
         if self.mask_init == "token" and self.mask_token is None:
             raise ValueError("mask_init='token' needs mask_token=<token id>")
         if not 0.0 <= float(self.mask_update) <= 1.0:
             raise ValueError(f"mask_update (the EMA rate lambda) must lie in [0, 1], got {self.mask_update!r}")
+        if self.sampling_rule not in SAMPLING_RULES:
+            raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
 

@@ -1,4 +1,9 @@
-"""The decoding loop: prefill, then one tree-verification pass per step until a stop."""
+"""The decoding loop: prefill, then one tree-verification pass per step until a stopping criterion.
+
+Arguments arrive prepared by transformers (``GenerationConfig``, the ``LogitsProcessorList`` and the
+``StoppingCriteriaList`` that ``model.generate`` builds; see :mod:`probe_mtp.generate`), so every
+generation option behaves exactly as in ``model.generate``.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,12 @@ import numpy as np
 import torch
 
 from .config import ProbeConfig
-from .drafters import StepFeedback, make_drafter
+from .drafters import Drafter, StepFeedback, make_drafter
 from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, embedding_stats, initial_mask_vectors
-from .step import PassInputs, accept_greedy, assemble_inputs, forward_pass, node_targets
+from .step import PassInputs, assemble_inputs, forward_pass
 from .tree import TokenTree, TreeLayout, esp_layout, prefill_layout
+from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
 
 LAYOUT_CACHE_SIZE = 256
 
@@ -24,7 +30,7 @@ class DecodeStats:
     """Counts of one generation.
 
     - ``forward_passes``: every pass of the model, the prefill included;
-    - ``new_tokens``: generated tokens (returned, after truncation at EOS / the length limit);
+    - ``new_tokens``: generated tokens (returned, after truncation at a stop);
     - ``accepted_lengths``: tokens committed by each decoding step after the prefill (accepted
       draft tokens + the bonus token, after truncation);
     - ``mean_accepted_length`` (tau): ``sum(accepted_lengths) / len(accepted_lengths)``.  The
@@ -67,16 +73,35 @@ class DecodeStats:
 
 @dataclass
 class GenerateOutput:
-    """Returned by ``generate(..., return_dict_in_generate=True)``."""
+    """Returned with ``return_dict_in_generate=True``: ``sequences`` as ``model.generate`` returns
+    them, ``stats`` (:class:`DecodeStats`), and ``scores`` (a tuple of ``[1, V]`` processed scores,
+    one per generated token) when ``output_scores=True``."""
 
     sequences: torch.Tensor
     stats: DecodeStats
+    scores: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class DecodeRequest:
+    """Everything one generation needs, prepared and checked."""
+
+    prompt: torch.Tensor  # [1, P], padding removed
+    max_length: int  # total length limit (prompt + new), from the generation config
+    processors: object | None  # LogitsProcessorList or None
+    criteria: object  # StoppingCriteriaList
+    do_sample: bool
+    config: ProbeConfig
+    drafter: Drafter | None = None
+    generator: torch.Generator | None = None
+    streamer: object | None = None
+    output_scores: bool = False
 
 
 class ProbeDecoder:
     """Decoder state that lives across calls for one model: attention format, cached tree layouts,
-    vocabulary embedding statistics.  Per-generation state (cache, masks, drafter) lives in
-    :meth:`generate` only, so calls never leak into each other."""
+    vocabulary embedding statistics.  Per-generation state (cache, masks, drafter) lives in one
+    call only, so calls never leak into each other."""
 
     def __init__(self, model, tokenizer=None, config: ProbeConfig | None = None, **knobs):
         self.model = model
@@ -87,6 +112,14 @@ class ProbeDecoder:
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()
         self._embedding_stats: EmbeddingStats | None = None
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
+
+    def generate(self, input_ids: torch.Tensor | None = None, **kwargs):
+        """Same arguments and result as ``model.generate``, plus probe knobs (:class:`ProbeConfig`
+        fields, ``drafter`` as a name or a :class:`Drafter`).  See :func:`probe_mtp.generate`."""
+        from .generate import generate
+
+        kwargs.setdefault("tokenizer", self.tokenizer)
+        return generate(self.model, input_ids, decoder=self, **kwargs)
 
     # ------------------------------------------------------------------ helpers
     def layout(self, tree: TokenTree, num_masks: int) -> TreeLayout:
@@ -122,161 +155,149 @@ class ProbeDecoder:
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int = 20,
-        eos_token_id: int | list[int] | None = None,
-        return_dict_in_generate: bool = False,
-        **knobs,
-    ):
-        """Greedy decoding, token-identical to ``model.generate(do_sample=False)`` in fp32.
-
-        Returns the sequences ``[1, prompt + new]`` or, with ``return_dict_in_generate=True``, a
-        :class:`GenerateOutput` with ``.sequences`` and ``.stats`` (see :class:`DecodeStats`).
-        """
-        config = ProbeConfig.from_kwargs(self.config, **knobs)
-        eos = _eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
-        _check_input_ids(input_ids)
-        _check_max_new_tokens(max_new_tokens)
-        _check_context(self.model, input_ids.shape[1], max_new_tokens)
-
-        prompt = input_ids[0].to(self.model.device)
-        drafter = make_drafter(config)
+    def decode(self, req: DecodeRequest) -> GenerateOutput:
+        """Run one generation; ``req.prompt`` is ``[1, P]`` without padding."""
+        config = req.config
+        drafter = req.drafter if req.drafter is not None else make_drafter(config)
         stats = DecodeStats(method=drafter.name, budget=config.budget, num_masks=drafter.num_masks)
-        if max_new_tokens == 0:
-            return _finish(input_ids, [], stats, return_dict_in_generate)
+        run = _Run(self, req, drafter, stats)
+        return run.execute()
 
-        t0 = time.perf_counter()
-        k = drafter.num_masks
-        masks = self._mask_vectors(config, prompt, k) if k else None
-        cache = new_cache(self.model)
-        start_recording(cache)
-        context = prompt.cpu().numpy().astype(np.int64)
-        drafter.start(context)
 
-        # prefill: prompt + k masks, owned by the last prompt token
-        first, mask_logits, prefill_logits = self._prefill(prompt, masks, k, cache)
-        stats.forward_passes += 1
-        generated: list[int] = []
-        done = _commit(generated, [first], eos, max_new_tokens)
-        context = np.append(context, first)
-        drafter.observe(
-            StepFeedback(
-                tree=TokenTree.root_only(int(prompt[-1])),
-                accepted=np.zeros(1, dtype=np.int64),
-                new_tokens=np.array([first]),
-                node_logits=prefill_logits,
-                mask_logits=mask_logits,
-                context=context,
-                is_prefill=True,
-            )
-        )
-        if masks is not None:
-            masks.update(self.embed(torch.tensor([first], device=prompt.device)))
-        stats.prefill_seconds = time.perf_counter() - t0
+class _Run:
+    """The state of one generation (never outlives it)."""
 
-        while not done:
-            root = generated[-1]
-            root_position = prompt.shape[0] + len(generated) - 1
-            tree = drafter.propose(root, context)
-            layout = self.layout(tree, k)
-            inputs = assemble_inputs(self.embed, tree, layout, masks, root_position, cache, self.fmt)
-            logits = forward_pass(self.model, cache, inputs)
-            stats.forward_passes += 1
-            targets = node_targets(logits[: tree.size])
+    def __init__(self, decoder: ProbeDecoder, req: DecodeRequest, drafter: Drafter, stats: DecodeStats):
+        self.dec = decoder
+        self.req = req
+        self.drafter = drafter
+        self.stats = stats
+        self.device = decoder.model.device
+        prompt = req.prompt.to(self.device)
+        self.prompt_len = prompt.shape[1]
+        # every committed token, in a buffer that stopping criteria and processors read as a view
+        self.buffer = torch.empty((1, max(req.max_length, self.prompt_len + 1)), dtype=torch.long, device=self.device)
+        self.buffer[:, : self.prompt_len] = prompt
+        self.length = self.prompt_len
+        self.scores: list[torch.Tensor] = []
+        self.k = drafter.num_masks
+        if req.do_sample and req.config.sampling_rule == "rejection" and hasattr(drafter, "use_draws"):
+            drafter.use_draws(req.generator)
+        self.masks = decoder._mask_vectors(req.config, prompt[0], self.k) if self.k else None
+        self.cache = new_cache(decoder.model)
+        start_recording(self.cache)
+
+    # ---------------------------------------------------------------- pieces
+    @property
+    def sequence(self) -> torch.Tensor:
+        return self.buffer[:, : self.length]
+
+    def commit(self, tokens: list[int], token_scores: torch.Tensor | None) -> int:
+        """Append tokens one at a time, checking the stopping criteria after each.
+        Returns how many were committed; sets ``self.done``."""
+        committed = 0
+        for i, tok in enumerate(tokens):
+            if self.length >= self.buffer.shape[1]:
+                self.done = True
+                break
+            self.buffer[0, self.length] = int(tok)
+            self.length += 1
+            committed += 1
+            row = token_scores[i : i + 1] if token_scores is not None else None
+            if self.req.output_scores and row is not None:
+                self.scores.append(row.clone())
+            stop = self.req.criteria(self.sequence, row) if self.req.criteria else False
+            if bool(torch.as_tensor(stop).any()) or self.length >= self.req.max_length:
+                self.done = True
+                break
+        if committed and self.req.streamer is not None:
+            self.req.streamer.put(self.buffer[0, self.length - committed : self.length].cpu())
+        return committed
+
+    def choose(self, tree: TokenTree, node_logits: torch.Tensor, context: torch.Tensor):
+        """Verify: returns (accepted path, new tokens, processed scores of the new tokens or None)."""
+        req = self.req
+        scores = process_node_logits(req.processors, context, tree, node_logits)
+        if not req.do_sample:
+            targets = scores.argmax(dim=-1).cpu().numpy()
             path = accept_greedy(tree, targets)
-            new_tokens = np.append(tree.tokens[path[1:]], targets[path[-1]])
-            keep_accepted(cache, layout.num_inputs, torch.from_numpy(path).to(prompt.device))
-            before = len(generated)
-            done = _commit(generated, new_tokens.tolist(), eos, max_new_tokens)
-            stats.accepted_lengths.append(len(generated) - before)
-            context = np.append(context, new_tokens)
-            drafter.observe(
-                StepFeedback(
-                    tree=tree,
-                    accepted=path,
-                    new_tokens=new_tokens,
-                    node_logits=logits[: tree.size],
-                    mask_logits=logits[layout.mask_slots(int(path[-1]))] if k else None,
-                    context=context,
-                )
+            bonus = int(targets[path[-1]])
+        else:
+            probs = torch.softmax(scores, dim=-1)
+            draft = self.drafter.draft_distributions() if req.config.sampling_rule == "rejection" else None
+            if draft is not None:
+                path, bonus = accept_recursive_rejection(tree, probs, draft[0], draft[1], req.generator)
+            else:
+                path, bonus = accept_sample_and_match(tree, probs, req.generator)
+        new_tokens = np.append(tree.tokens[path[1:]], bonus)
+        return path, new_tokens, scores[torch.from_numpy(path).to(scores.device)]
+
+    def feedback(self, tree, path, new_tokens, node_logits, mask_logits, is_prefill=False):
+        self.drafter.observe(
+            StepFeedback(
+                tree=tree,
+                accepted=path,
+                new_tokens=new_tokens,
+                node_logits=node_logits,
+                mask_logits=mask_logits,
+                context=self.sequence[0].cpu().numpy(),
+                is_prefill=is_prefill,
             )
-            if masks is not None and not done:
-                masks.update(self.embed(torch.from_numpy(new_tokens).to(prompt.device)))
-        stats.seconds = time.perf_counter() - t0
-        return _finish(input_ids, generated, stats, return_dict_in_generate)
+        )
 
-    def _prefill(self, prompt: torch.Tensor, masks: MaskVectors | None, k: int, cache):
-        """One pass over the prompt and k masks; returns the first token, the masks' logits
-        ``[k, V]`` (None when k = 0) and the last prompt position's logits ``[1, V]``."""
-        p = prompt.shape[0]
-        layout = prefill_layout(p, k)
-        embeds = self.embed(prompt)
+    # ---------------------------------------------------------------- passes
+    def prefill(self) -> None:
+        """One pass over the prompt and k masks owned by its last token."""
+        dec, k = self.dec, self.k
+        prompt = self.sequence[0]
+        layout = prefill_layout(self.prompt_len, k)
+        embeds = dec.embed(prompt)
         if k:
-            embeds = torch.cat([embeds, masks.vectors.to(embeds.dtype)], dim=0)
-        positions = torch.from_numpy(layout.position_offsets).to(prompt.device)
-        attn = attention_inputs(cache, layout.visible, positions, self.fmt)
-        logits = forward_pass(self.model, cache, PassInputs(embeds[None], attn, positions[None]), logits_to_keep=k + 1)
-        keep_accepted(cache, p + k, torch.arange(p, device=prompt.device))
-        first = int(logits[0].argmax())
-        return first, (logits[1:] if k else None), logits[:1]
+            embeds = torch.cat([embeds, self.masks.vectors.to(embeds.dtype)], dim=0)
+        positions = torch.tensor(layout.position_offsets, device=self.device)
+        attn = attention_inputs(self.cache, layout.visible, positions, dec.fmt)
+        logits = forward_pass(dec.model, self.cache, PassInputs(embeds[None], attn, positions[None]), logits_to_keep=k + 1)
+        self.stats.forward_passes += 1
+        keep_accepted(self.cache, self.prompt_len + k, torch.arange(self.prompt_len, device=self.device))
+        root = TokenTree.root_only(int(prompt[-1]))
+        path, new_tokens, token_scores = self.choose(root, logits[:1], prompt)
+        if self.req.streamer is not None:
+            self.req.streamer.put(prompt.cpu())
+        self.commit(new_tokens.tolist(), token_scores)
+        self.feedback(root, path, new_tokens, logits[:1], logits[1:] if k else None, is_prefill=True)
+        if self.masks is not None:
+            self.masks.update(dec.embed(torch.tensor(new_tokens, device=self.device)))
 
+    def step(self) -> None:
+        dec, k = self.dec, self.k
+        context = self.sequence[0]
+        root = int(context[-1])
+        tree = self.drafter.propose(root, context.cpu().numpy())
+        layout = dec.layout(tree, k)
+        inputs = assemble_inputs(dec.embed, tree, layout, self.masks, self.length - 1, self.cache, dec.fmt)
+        logits = forward_pass(dec.model, self.cache, inputs)
+        self.stats.forward_passes += 1
+        node_logits = logits[: tree.size]
+        path, new_tokens, token_scores = self.choose(tree, node_logits, context)
+        keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(path).to(self.device))
+        self.stats.accepted_lengths.append(self.commit(new_tokens.tolist(), token_scores))
+        mask_logits = logits[layout.mask_slots(int(path[-1]))] if k else None
+        self.feedback(tree, path, new_tokens, node_logits, mask_logits)
+        if self.masks is not None and not self.done:
+            self.masks.update(dec.embed(torch.from_numpy(new_tokens).to(self.device)))
 
-def _eos_set(eos) -> frozenset[int]:
-    if eos is None:
-        return frozenset()
-    if isinstance(eos, torch.Tensor):
-        eos = eos.tolist()
-    if isinstance(eos, int):
-        return frozenset([eos])
-    return frozenset(int(e) for e in eos)
-
-
-def _commit(generated: list[int], tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> bool:
-    """Append tokens one by one, stopping exactly at an EOS token or the length limit.
-    Returns True when generation is finished."""
-    for tok in tokens:
-        generated.append(int(tok))
-        if int(tok) in eos or len(generated) >= max_new_tokens:
-            return True
-    return False
-
-
-def _finish(input_ids: torch.Tensor, generated: list[int], stats: DecodeStats, as_dict: bool):
-    new = torch.tensor([generated], dtype=input_ids.dtype, device=input_ids.device)
-    sequences = torch.cat([input_ids, new.view(1, -1)], dim=1)
-    stats.new_tokens = len(generated)
-    return GenerateOutput(sequences, stats) if as_dict else sequences
-
-
-def _check_input_ids(input_ids) -> None:
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.Tensor of token ids with shape [1, length], got {type(input_ids).__name__}")
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be 2D [batch, length], got shape {tuple(input_ids.shape)}; use ids[None] for one prompt")
-    if input_ids.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"batch size {input_ids.shape[0]} is not supported yet: probe-mtp decodes one sequence at a time; "
-            "call generate once per prompt"
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids is empty: give at least one prompt token (for example the BOS token)")
-
-
-def _check_max_new_tokens(max_new_tokens) -> None:
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-
-
-def _check_context(model, prompt_len: int, max_new_tokens: int) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and prompt_len + max_new_tokens > limit:
-        raise ValueError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's maximum "
-            f"of {limit} positions (config.max_position_embeddings); shorten the prompt or lower max_new_tokens"
-        )
+    def execute(self) -> GenerateOutput:
+        t0 = time.perf_counter()
+        self.done = self.length >= self.req.max_length
+        self.drafter.start(self.sequence[0].cpu().numpy())
+        if not self.done:
+            self.prefill()
+            self.stats.prefill_seconds = time.perf_counter() - t0
+        while not self.done:
+            self.step()
+        if self.req.streamer is not None:
+            self.req.streamer.end()
+        self.stats.seconds = time.perf_counter() - t0
+        self.stats.new_tokens = self.length - self.prompt_len
+        scores = tuple(self.scores) if self.req.output_scores else None
+        return GenerateOutput(self.sequence.clone(), self.stats, scores)

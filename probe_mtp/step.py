@@ -4,7 +4,7 @@
     layout = esp_layout(tree, k)                        # cached per tree shape by the decoder
     inputs = assemble_inputs(...)                       # embeds, 4D mask (or dict), position ids
     logits = forward_pass(model, cache, inputs)         # one pass over BC inputs
-    path   = accept_greedy(tree, node_targets(...))     # walk the tree with the model's own tokens
+    path   = accept_greedy(tree, node_targets(...))     # verify.py : walk the tree with the model's own tokens
     keep_accepted(cache, ...)                           # kv.py : prefix + accepted path
     drafter.observe(mask logits of path[-1])            # seed the next tree
 
@@ -49,7 +49,7 @@ def assemble_inputs(
             raise ValueError("a layout with mask slots needs mask vectors")
         slot = torch.from_numpy(layout.mask_index[layout.tree_size :] - 1).to(device)
         embeds = torch.cat([embeds, masks.vectors.index_select(0, slot).to(embeds.dtype)], dim=0)
-    positions = torch.from_numpy(layout.position_offsets).to(device) + int(root_position)
+    positions = torch.tensor(layout.position_offsets, device=device) + int(root_position)
     attn = attention_inputs(cache, layout.visible, positions, fmt, past_visible)
     return PassInputs(embeds[None], attn, positions[None])
 
@@ -71,26 +71,6 @@ def forward_pass(model, cache, inputs: PassInputs, logits_to_keep: int | torch.T
 def node_targets(node_logits: torch.Tensor) -> np.ndarray:
     """Greedy: the model's next token after each node (argmax of its processed logits)."""
     return node_logits.argmax(dim=-1).cpu().numpy()
-
-
-def accept_greedy(tree: TokenTree, targets: np.ndarray) -> np.ndarray:
-    """Walk from the root: move to the child carrying the model's token while one exists.
-
-    Returns the accepted node indices, root first; the bonus token is ``targets[path[-1]]``.
-    """
-    if tree.size == 1:
-        return np.zeros(1, dtype=np.int64)
-    # a node "matches" when it carries the token its parent's logits chose
-    matches = np.zeros(tree.size, dtype=bool)
-    matches[1:] = tree.tokens[1:] == targets[tree.parents[1:]]
-    path = [0]
-    candidates = np.flatnonzero(matches)
-    parents_of_matches = tree.parents[candidates]
-    while True:
-        nxt = candidates[parents_of_matches == path[-1]]
-        if nxt.size == 0:
-            return np.array(path, dtype=np.int64)
-        path.append(int(nxt[0]))
 
 
 def top_candidates(mask_logits: torch.Tensor, width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

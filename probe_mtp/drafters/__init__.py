@@ -4,14 +4,37 @@ Every drafter is verified by the same lossless verifier and counted with the sam
 budget, so they can be compared at equal BC.
 """
 
+from .ar import AutoregressiveDrafter
 from .base import Drafter, StepFeedback
 from .esp import ESPDrafter
+from .lookahead import LookaheadDrafter, lookahead_shape
+from .pld import PromptLookupDrafter
+from .stand import StandDrafter
 
-__all__ = ["Drafter", "StepFeedback", "ESPDrafter", "make_drafter"]
+__all__ = [
+    "Drafter",
+    "StepFeedback",
+    "ESPDrafter",
+    "PromptLookupDrafter",
+    "LookaheadDrafter",
+    "StandDrafter",
+    "AutoregressiveDrafter",
+    "lookahead_shape",
+    "make_drafter",
+]
 
 
 def make_drafter(config) -> Drafter:
     """The drafter named by ``config.drafter``, sized by ``config.budget``."""
     if config.drafter == "esp":
         return ESPDrafter(config.num_masks, config.budget, prune_repeats=config.prune_repeats)
+    # baselines without mask inputs: config.num_masks does not apply to them
+    if config.drafter == "pld":
+        return PromptLookupDrafter(config.budget)
+    if config.drafter == "lookahead":
+        return LookaheadDrafter(config.budget)
+    if config.drafter == "stand":
+        return StandDrafter(config.budget)
+    if config.drafter == "ar":
+        return AutoregressiveDrafter(config.budget)
     raise ValueError(f"unknown drafter {config.drafter!r}")

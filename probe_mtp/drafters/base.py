@@ -56,3 +56,10 @@ class Drafter(ABC):
 
     def observe(self, feedback: StepFeedback) -> None:
         """Learn from a verification pass (called after prefill too)."""
+
+    def draft_distributions(self):
+        """For ``sampling_rule="rejection"``: ``(q, draws)`` of the last proposed tree, where
+        ``q[node]`` is the distribution the node's children were drawn from (i.i.d.) and
+        ``draws[node]`` the draws in order; ``None`` when the tree was not drawn that way (then
+        sampling falls back to sample-and-match, which is exact for any tree)."""
+        return None

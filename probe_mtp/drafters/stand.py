@@ -1,0 +1,217 @@
+"""STAND-style drafting from an n-gram memory of the model's own logits.
+
+Source: W. Song, S. Dingliwal, S. M. Jayanthi, B. Ganesh, J. Shin, A. Galstyan, S. B. Bodapati,
+"Accelerated Test-Time Scaling with Model-Free Speculative Sampling" (STAND: STochastic Adaptive
+N-gram Drafting), arXiv 2506.04708.  No code is public; this is our implementation of its idea.
+
+The idea kept: an n-gram table whose entries are not single next tokens but the model's own
+next-token *distributions* (top-k tokens with probabilities), learnt for free from the logits the
+verification pass computes anyway, and a draft *tree* grown from that table.
+
+This implementation:
+
+- **Memory.**  After every pass, for each accepted node (the root and the accepted drafts: the
+  positions whose logits are the model's exact distribution after committed text) the top-``top_k``
+  tokens of its logits and their softmax probabilities are stored under two keys: the last token
+  and the last two tokens of the context ending at that node.  Entries seen again are merged
+  (``merge="mean"``: the running mean of the stored distributions over the union of tokens, cut
+  back to top-k; ``merge="latest"``: replaced).  The prefill's last-position logits are stored the
+  same way.  With ``learn_from="all"`` the logits of rejected tree nodes (exact distributions after
+  their hypothetical paths) are stored as well.
+- **Prompt seeding** (``seed_from_prompt``, default on): before generation every bigram/trigram
+  of the prompt enters the memory as an empirical (count-normalised) distribution, so copying
+  from the prompt works from the first step; model logits later merge into these entries.
+- **Drafting.**  Best-first expansion: a node's children are the stored top-k of the key formed by
+  its last two tokens (falling back to its last token alone); a candidate's score is the product
+  of stored probabilities along its path; the ``budget - 1`` best candidates are kept (a child
+  never outscores its parent, so the kept set is a tree).  ``BC = 1 + draft nodes <= budget``.
+
+Differences from the paper:
+
+- *Deterministic drafting.*  STAND samples children with Gumbel-Top-K (stochastic drafting that
+  raises acceptance under speculative *sampling*); for greedy decoding we take the deterministic
+  top-k, so runs are reproducible.
+- *Tree shape.*  STAND builds its tree from a shape tuned offline on data ("data-driven tree
+  construction"); we grow a dynamic best-first tree under the block-complexity budget, as every
+  drafter in this package does.
+- *Keys.*  We key on the last one and two tokens (two first, one as fall-back); the paper's module
+  covers several n-gram orders; exact orders, top-k size and how repeated entries are merged are
+  our choices (``top_k=10``, running mean).
+- *Prompt seeding* with text n-grams is our addition (the paper's memory is built from logits of
+  generated trajectories; the prompt's positions have no logits here, because the prefill keeps
+  only the last one).
+- No cross-request memory: the table is reset in :meth:`start`; the paper shares it across the
+  trajectories of one test-time-scaling run.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import torch
+
+from ..tree import TokenTree, node_budget
+from .base import Drafter, StepFeedback
+
+MERGE_MODES = ("mean", "latest")
+LEARN_FROM = ("accepted", "all")
+
+# an entry: (tokens int64[k'], probs float64[k'], count)
+Entry = tuple[np.ndarray, np.ndarray, int]
+
+
+class StandDrafter(Drafter):
+    """Best-first trees from an n-gram memory of the model's own top-k distributions; see the
+    module docstring."""
+
+    name = "stand"
+    num_masks = 0
+
+    def __init__(
+        self,
+        budget: int,
+        top_k: int = 10,
+        merge: str = "mean",
+        learn_from: str = "accepted",
+        seed_from_prompt: bool = True,
+    ):
+        super().__init__(budget)
+        node_budget(self.budget, 0)
+        if int(top_k) < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k!r}")
+        if merge not in MERGE_MODES:
+            raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+        if learn_from not in LEARN_FROM:
+            raise ValueError(f"learn_from must be one of {LEARN_FROM}, got {learn_from!r}")
+        self.top_k = int(top_k)
+        self.merge = merge
+        self.learn_from = learn_from
+        self.seed_from_prompt = bool(seed_from_prompt)
+        self._memory: dict[tuple[int, ...], Entry] = {}
+
+    # ------------------------------------------------------------------ memory
+    def start(self, prompt_ids: np.ndarray) -> None:
+        self._memory = {}
+        if self.seed_from_prompt:
+            self._seed(np.asarray(prompt_ids, dtype=np.int64).reshape(-1).tolist())
+
+    def _seed(self, toks: list[int]) -> None:
+        counts: dict[tuple[int, ...], dict[int, int]] = {}
+        for i in range(1, len(toks)):
+            nxt = toks[i]
+            for key in ((toks[i - 1],), tuple(toks[i - 2 : i]) if i >= 2 else None):
+                if key is None:
+                    continue
+                c = counts.setdefault(key, {})
+                c[nxt] = c.get(nxt, 0) + 1
+        k = self.top_k
+        for key, c in counts.items():
+            items = sorted(c.items(), key=lambda kv: -kv[1])[:k]
+            total = sum(c.values())
+            self._memory[key] = (
+                np.array([t for t, _ in items], dtype=np.int64),
+                np.array([n for _, n in items], dtype=np.float64) / total,
+                total,
+            )
+
+    def store(self, key: tuple[int, ...], tokens: np.ndarray, probs: np.ndarray) -> None:
+        """Merge a top-k distribution into the entry of ``key``."""
+        old = self._memory.get(key)
+        if old is None or self.merge == "latest":
+            self._memory[key] = (tokens, probs, 1)
+            return
+        ot, op, n = old
+        acc = dict(zip(ot.tolist(), (op * n).tolist()))
+        for t, p in zip(tokens.tolist(), probs.tolist()):
+            acc[t] = acc.get(t, 0.0) + p
+        items = sorted(acc.items(), key=lambda kv: -kv[1])[: self.top_k]
+        self._memory[key] = (
+            np.array([t for t, _ in items], dtype=np.int64),
+            np.array([p for _, p in items], dtype=np.float64) / (n + 1),
+            n + 1,
+        )
+
+    def lookup(self, prev: int | None, last: int) -> Entry | None:
+        """The stored distribution after ``(prev, last)``, else after ``last`` alone."""
+        if prev is not None:
+            hit = self._memory.get((prev, last))
+            if hit is not None:
+                return hit
+        return self._memory.get((last,))
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
+        root = int(root_token)
+        prev = int(context[-2]) if len(context) >= 2 else None
+        tokens, parents, scores = [root], [-1], [1.0]
+        heap: list[tuple[float, int, int, int]] = []  # (-score, tiebreak, parent, token)
+        counter = 0
+
+        def push_children(node: int, before: int | None, last: int, score: float) -> None:
+            nonlocal counter
+            hit = self.lookup(before, last)
+            if hit is None:
+                return
+            for t, p in zip(hit[0].tolist(), hit[1].tolist()):
+                if p > 0.0:
+                    heapq.heappush(heap, (-score * p, counter, node, t))
+                    counter += 1
+
+        push_children(0, prev, root, 1.0)
+        budget = self.max_nodes
+        while heap and len(tokens) - 1 < budget:
+            neg, _, parent, tok = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(tok)
+            parents.append(parent)
+            scores.append(-neg)
+            push_children(node, tokens[parent], tok, -neg)
+        if len(tokens) == 1:
+            return TokenTree.root_only(root)
+        return _tree_from_parents(tokens, parents, scores)
+
+    # ------------------------------------------------------------------ learning
+    @torch.no_grad()
+    def observe(self, feedback: StepFeedback) -> None:
+        tree = feedback.tree
+        ctx = feedback.context
+        m = len(feedback.new_tokens)
+        root_index = ctx.size - m - 1  # the root's index in the context
+        before_root = int(ctx[root_index - 1]) if root_index >= 1 else None
+        rows = np.asarray(feedback.accepted, dtype=np.int64)
+        if self.learn_from == "all":
+            # rejected nodes first, so that the accepted path's (real-text) distributions are
+            # written last and win under merge="latest"
+            rejected = np.setdiff1d(np.arange(tree.size), rows)
+            rows = np.concatenate([rejected, rows])
+        logits = feedback.node_logits[torch.from_numpy(rows).to(feedback.node_logits.device)]
+        k = min(self.top_k, logits.shape[-1])
+        top = torch.topk(logits.float(), k, dim=-1)
+        probs = torch.exp(top.values - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
+        toks_all = top.indices.cpu().numpy().astype(np.int64)
+        probs_all = probs.double().cpu().numpy()
+        tree_tokens = tree.tokens
+        tree_parents = tree.parents
+        for r, node in enumerate(rows.tolist()):
+            last = int(tree_tokens[node])
+            par = int(tree_parents[node])
+            before = int(tree_tokens[par]) if par >= 0 else before_root
+            self.store((last,), toks_all[r], probs_all[r])
+            if before is not None:
+                self.store((before, last), toks_all[r], probs_all[r])
+
+
+def _tree_from_parents(tokens: list[int], parents: list[int], scores: list[float]) -> TokenTree:
+    """A breadth-first :class:`TokenTree` from nodes listed parents-first (any depth order)."""
+    toks = np.asarray(tokens, dtype=np.int64)
+    par = np.asarray(parents, dtype=np.int64)
+    n = toks.size
+    depth = np.zeros(n, dtype=np.int64)
+    for i in range(1, n):
+        depth[i] = depth[par[i]] + 1
+    order = np.lexsort((np.arange(n), depth))
+    new_index = np.empty(n, dtype=np.int64)
+    new_index[order] = np.arange(n)
+    new_par = np.where(par[order] >= 0, new_index[np.maximum(par[order], 0)], -1)
+    return TokenTree(toks[order], new_par, np.asarray(scores, dtype=np.float64)[order])

@@ -1,0 +1,128 @@
+"""Verification: the model's own choice at every tree node, and the walk that accepts drafts.
+
+- :func:`path_token_matrix` / :func:`process_node_logits`: logits processors (repetition penalty,
+  no-repeat n-grams, min-new-tokens, temperature, top-p, ...) see each node's own path, batched by
+  depth so that every row of a call has the same length.
+- :func:`accept_greedy`: the greedy walk (argmax at each node, move to the child carrying it).
+- :func:`accept_sample_and_match`: lossless sampling.  At each accepted node draw ``x ~ p`` from the
+  processed target distribution; move to the child carrying x if there is one, else x is the bonus.
+  Every committed token is drawn from exactly the distribution plain sampling would use.
+- :func:`accept_recursive_rejection`: lossless multi-draft rejection (SpecInfer; EAGLE's
+  ``evaluate_posterior``) for children drawn i.i.d. from a draft distribution q: for each draw c in
+  turn, accept with probability ``min(1, p(c) / q(c))``; on rejection ``p <- norm(max(p - q, 0))``;
+  if every draw is rejected the bonus is drawn from the residual p.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .tree import TokenTree
+
+
+def path_token_matrix(tree: TokenTree) -> np.ndarray:
+    """``M[i, :depth(i)]`` are the draft tokens on the path root -> i (root excluded); the rest -1."""
+    n, depth = tree.size, tree.max_depth
+    out = np.full((n, max(depth, 1)), -1, dtype=np.int64)
+    for d in range(1, depth + 1):
+        level = np.flatnonzero(tree.depths == d)
+        out[level, : d - 1] = out[tree.parents[level], : d - 1]
+        out[level, d - 1] = tree.tokens[level]
+    return out
+
+
+def process_node_logits(processors, context: torch.Tensor, tree: TokenTree, node_logits: torch.Tensor) -> torch.Tensor:
+    """Apply ``processors`` (a ``LogitsProcessorList`` or None) to every node's logits with the
+    node's own sequence ``context + path`` as ``input_ids``.  ``context`` is 1D: every committed
+    token, the root last.  Returns float32 scores ``[n, V]``."""
+    if not processors:
+        return node_logits
+    out = torch.empty_like(node_logits)
+    paths = torch.from_numpy(path_token_matrix(tree)).to(context.device)
+    for d in range(tree.max_depth + 1):
+        level = torch.from_numpy(np.flatnonzero(tree.depths == d)).to(node_logits.device)
+        rows = level.numel()
+        ids = context.view(1, -1).expand(rows, -1)
+        if d:
+            ids = torch.cat([ids, paths[level, :d]], dim=1)
+        out[level] = processors(ids, node_logits[level].clone())
+    return out
+
+
+def accept_greedy(tree: TokenTree, targets: np.ndarray) -> np.ndarray:
+    """Walk from the root: move to the child carrying the model's token while one exists.
+
+    Returns the accepted node indices, root first; the bonus token is ``targets[path[-1]]``.
+    """
+    if tree.size == 1:
+        return np.zeros(1, dtype=np.int64)
+    matches = np.zeros(tree.size, dtype=bool)
+    matches[1:] = tree.tokens[1:] == targets[tree.parents[1:]]
+    candidates = np.flatnonzero(matches)
+    parents_of_matches = tree.parents[candidates]
+    path = [0]
+    while True:
+        nxt = candidates[parents_of_matches == path[-1]]
+        if nxt.size == 0:
+            return np.array(path, dtype=np.int64)
+        path.append(int(nxt[0]))
+
+
+def _child_by_token(tree: TokenTree, node: int) -> dict[int, int]:
+    kids = tree.children(node)
+    return {int(tree.tokens[c]): int(c) for c in kids}
+
+
+def accept_sample_and_match(tree: TokenTree, node_probs: torch.Tensor, generator: torch.Generator | None):
+    """Lossless sampling by sample-and-match.  ``node_probs``: ``[n, V]`` processed target
+    probabilities.  Returns ``(accepted path, bonus token)``."""
+    path = [0]
+    while True:
+        x = int(torch.multinomial(node_probs[path[-1]], 1, generator=generator))
+        child = _child_by_token(tree, path[-1]).get(x)
+        if child is None:
+            return np.array(path, dtype=np.int64), x
+        path.append(child)
+
+
+def accept_recursive_rejection(
+    tree: TokenTree,
+    node_probs: torch.Tensor,
+    draft_probs: dict[int, torch.Tensor],
+    draws: dict[int, list[int]],
+    generator: torch.Generator | None,
+):
+    """Lossless multi-draft rejection sampling.
+
+    ``draft_probs[node]``: the distribution q (``[V]``) the node's children were drawn from;
+    ``draws[node]``: the i.i.d. draws from q in the order they were made (repeats allowed; each
+    draw's token is a child of the node).  Nodes absent from ``draft_probs`` have no children.
+    Returns ``(accepted path, bonus token)``.
+    """
+    path = [0]
+    while True:
+        node = path[-1]
+        p = node_probs[node].double()
+        q = draft_probs.get(node)
+        moved = False
+        if q is not None:
+            q = q.double()
+            kids = _child_by_token(tree, node)
+            for c in draws.get(node, ()):
+                qc = float(q[c])
+                ratio = 1.0 if qc <= 0.0 else min(1.0, float(p[c]) / qc)
+                u = float(torch.rand((), generator=generator, dtype=torch.float64))
+                if u < ratio:
+                    path.append(kids[c])
+                    moved = True
+                    break
+                residual = torch.clamp(p - q, min=0.0)
+                total = float(residual.sum())
+                if total <= 0.0:  # p <= q everywhere: p == q, every further draw would be accepted
+                    residual = p
+                    total = float(residual.sum())
+                p = residual / total
+        if not moved:
+            x = int(torch.multinomial(p.float(), 1, generator=generator))
+            return np.array(path, dtype=np.int64), x

@@ -1,0 +1,332 @@
+"""``probe-mtp report``: method selection, aggregation math, the JSON schema, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+import probe_mtp.config as config
+from probe_mtp.cli import build_parser, main
+from probe_mtp.report import GREEDY, HF_PLD, Report, resolve_methods, summarize, write_outputs
+from probe_mtp.report.cli import cmd_report
+from probe_mtp.report.harness import SCHEMA, ReportSettings, _PassCounter, parse_budgets
+from probe_mtp.report.outputs import RECORD_FIELDS, markdown_summary, rich_table
+from probe_mtp.report.summary import OVERALL, accepted_length_counts
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_methods_default_to_every_available_drafter():
+    assert resolve_methods(None) == tuple(config.DRAFTERS)
+    assert resolve_methods("all") == tuple(config.DRAFTERS)
+    assert resolve_methods(" esp , esp") == ("esp",)
+
+
+def test_methods_not_yet_available_fail_clearly(monkeypatch):
+    monkeypatch.setattr(config, "DRAFTERS", ("esp",))
+    with pytest.raises(ValueError, match="'pld' is not available .* yet .*available: esp"):
+        resolve_methods("esp,pld")
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        resolve_methods("nope")
+    with pytest.raises(ValueError, match="always measured"):
+        resolve_methods(GREEDY)
+
+
+def test_methods_follow_the_registry(monkeypatch):
+    monkeypatch.setattr(config, "DRAFTERS", ("esp", "pld"))
+    assert resolve_methods(None) == ("esp", "pld")
+    assert resolve_methods("pld") == ("pld",)
+
+
+def test_budgets_parse_as_a_sweep():
+    assert parse_budgets("10,30,60") == (10, 30, 60)
+    assert parse_budgets("30, 30") == (30,)
+    assert parse_budgets(30) == (30,)
+    with pytest.raises(ValueError, match="comma"):
+        parse_budgets("10;30")
+    with pytest.raises(ValueError):
+        ReportSettings(methods=("esp",), budgets=(2,))  # below the smallest tree
+
+
+def test_cli_errors_before_loading_a_model(capsys):
+    assert main(["report", "--methods", "nope"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
+    assert main(["report", "--tasks", "bogus"]) == 2
+    assert "unknown task" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- transformers' pass counting
+
+
+def test_pass_counter_reads_committed_tokens_from_cache_lengths():
+    c = _PassCounter()
+    c.cache_lengths = [0, 47, 48]  # prompt 47 -> first pass 1 token, then 1, then 6 (55 total)
+    assert c.accepted_lengths(47, 8) == ([1, 6], 1)
+    c.cache_lengths = [0, 50, 51]  # the first pass accepted 3 prompt-lookup tokens + its own
+    assert c.accepted_lengths(47, 8) == ([1, 3], 4)
+    c.cache_lengths = [0, None]
+    assert c.accepted_lengths(47, 2) == (None, None)
+    c.cache_lengths = [0, 47, 47]  # a pass that committed nothing: inconsistent
+    assert c.accepted_lengths(47, 3) == (None, None)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def _rec(label, task, qid, seconds, lengths, new=None, passes=None, identical=True, turn=1, method=None):
+    new = (sum(lengths) + 1) if new is None else new
+    return {
+        "method": method or label.split(" ")[0],
+        "label": label,
+        "kind": "baseline" if label in (GREEDY, HF_PLD) else "probe",
+        "budget": None if label in (GREEDY, HF_PLD) else 30,
+        "num_masks": None if label in (GREEDY, HF_PLD) else 1,
+        "task": task,
+        "category": task,
+        "question_id": qid,
+        "turn": turn,
+        "order": 0,
+        "prompt_tokens": 10,
+        "new_tokens": new,
+        "forward_passes": (len(lengths) + 1) if passes is None else passes,
+        "first_pass_tokens": 1,
+        "accepted_lengths": lengths,
+        "mean_accepted_length": (sum(lengths) / len(lengths)) if lengths else None,
+        "seconds": seconds,
+        "prefill_seconds": None,
+        "tokens_per_second": new / seconds,
+        "identical_to_greedy": identical,
+        "first_mismatch": None if identical else 0,
+    }
+
+
+HAND_MADE = [
+    # task a: two prompts
+    _rec(GREEDY, "a", 1, 4.0, [1] * 7),
+    _rec(HF_PLD, "a", 1, 5.0, [1, 1, 1, 4]),
+    _rec("esp BC=30", "a", 1, 2.0, [2, 2, 3]),
+    _rec(GREEDY, "a", 2, 6.0, [1] * 3),
+    _rec(HF_PLD, "a", 2, 3.0, None, new=4, passes=3),
+    _rec("esp BC=30", "a", 2, 3.0, [1, 2], new=4, identical=False),
+    # task b: one prompt, two turns
+    _rec(GREEDY, "b", 7, 1.0, [1], turn=1),
+    _rec("esp BC=30", "b", 7, 2.0, [1], turn=1),
+    _rec(GREEDY, "b", 7, 3.0, [1, 1], turn=2),
+    _rec("esp BC=30", "b", 7, 2.0, [2], turn=2),
+]
+
+
+def test_aggregation_per_task_and_overall():
+    rows = {(r["task"], r["label"]): r for r in summarize(HAND_MADE)}
+    assert [t for t, _ in rows][:1] == ["a"] and ("b", HF_PLD) not in rows
+
+    esp_a = rows[("a", "esp BC=30")]
+    assert esp_a["n"] == 2
+    assert esp_a["tau"] == pytest.approx((2 + 2 + 3 + 1 + 2) / 5)  # pooled, not a mean of means
+    assert esp_a["new_tokens"] == 8 + 4
+    assert esp_a["forward_passes"] == 4 + 3
+    assert esp_a["tokens_per_pass"] == pytest.approx(12 / 7)
+    assert esp_a["tokens_per_second"] == pytest.approx(12 / 5.0)
+    assert esp_a["speedup_vs_greedy"] == pytest.approx((4.0 + 6.0) / (2.0 + 3.0))
+    assert esp_a["speedup_vs_hf_pld"] == pytest.approx((5.0 + 3.0) / (2.0 + 3.0))
+    assert esp_a["identical"] == 1 and not esp_a["all_identical"]
+
+    pld_a = rows[("a", HF_PLD)]
+    assert pld_a["tau"] is None  # one record without accepted lengths: n/a rather than a guess
+    assert pld_a["speedup_vs_greedy"] == pytest.approx(10.0 / 8.0)
+
+    greedy_a = rows[("a", GREEDY)]
+    assert greedy_a["tau"] == 1.0 and greedy_a["speedup_vs_greedy"] == 1.0
+
+    esp_b = rows[("b", "esp BC=30")]
+    assert esp_b["tau"] == pytest.approx(3 / 2)
+    assert esp_b["speedup_vs_greedy"] == pytest.approx(4.0 / 4.0)
+    assert esp_b["speedup_vs_hf_pld"] is None  # no prompt lookup records for task b
+
+    esp_all = rows[(OVERALL, "esp BC=30")]
+    assert esp_all["n"] == 4
+    assert esp_all["tau"] == pytest.approx((2 + 2 + 3 + 1 + 2 + 1 + 2) / 7)
+    assert esp_all["speedup_vs_greedy"] == pytest.approx(14.0 / 9.0)
+    # against prompt lookup only over the turns it ran (task a)
+    assert esp_all["speedup_vs_hf_pld"] == pytest.approx(8.0 / 5.0)
+    assert esp_all["identical"] == 3
+
+
+def test_summary_order_and_histogram():
+    rows = summarize(HAND_MADE, labels=[GREEDY, HF_PLD, "esp BC=30"])
+    assert [r["task"] for r in rows] == ["a"] * 3 + ["b"] * 2 + [OVERALL] * 3
+    assert [r["label"] for r in rows[:3]] == [GREEDY, HF_PLD, "esp BC=30"]
+    hist = accepted_length_counts(HAND_MADE)
+    assert hist["esp BC=30"] == {1: 2, 2: 4, 3: 1}
+    assert hist[HF_PLD] == {1: 3, 4: 1}
+
+
+# --------------------------------------------------------------------------- outputs and schema
+
+SETTINGS_TYPES = {
+    "model": str,
+    "dtype": str,
+    "prompts": str,
+    "tasks": (list, type(None)),
+    "limit": int,
+    "max_new_tokens": int,
+    "methods": list,
+    "budgets": list,
+    "num_masks": int,
+    "seed": int,
+    "warmup_tokens": int,
+    "hf_pld_tokens": int,
+}
+ENVIRONMENT_TYPES = {
+    "torch_threads": int,
+    "torch_interop_threads": int,
+    "cpu_count": (int, type(None)),
+    "python": str,
+    "platform": str,
+    "torch": str,
+    "transformers": str,
+    "numpy": str,
+    "probe_mtp": str,
+    "load_average": (list, type(None)),
+    "load_average_after": (list, type(None)),
+}
+OPT_INT = (int, type(None))
+OPT_NUM = (int, float, type(None))
+RECORD_TYPES = {
+    "method": str,
+    "label": str,
+    "kind": str,
+    "budget": OPT_INT,
+    "num_masks": OPT_INT,
+    "task": str,
+    "category": str,
+    "question_id": int,
+    "turn": int,
+    "order": int,
+    "prompt_tokens": int,
+    "new_tokens": int,
+    "forward_passes": OPT_INT,
+    "first_pass_tokens": OPT_INT,
+    "accepted_lengths": (list, type(None)),
+    "mean_accepted_length": OPT_NUM,
+    "seconds": (int, float),
+    "prefill_seconds": OPT_NUM,
+    "tokens_per_second": OPT_NUM,
+    "identical_to_greedy": bool,
+    "first_mismatch": OPT_INT,
+}
+SUMMARY_KEYS = {
+    "task", "label", "method", "kind", "budget", "num_masks", "n", "new_tokens", "forward_passes", "steps",
+    "tau", "tokens_per_pass", "seconds", "tokens_per_second", "speedup_vs_greedy", "speedup_vs_hf_pld",
+    "identical", "all_identical",
+}
+
+
+def check_schema(doc: dict) -> None:
+    assert set(doc) == {"schema", "settings", "environment", "started_at", "total_seconds", "methods", "records", "summary"}
+    assert doc["schema"] == SCHEMA
+    assert isinstance(doc["started_at"], str) and isinstance(doc["total_seconds"], (int, float))
+    assert doc["methods"][:2] == [GREEDY, HF_PLD]
+    for key, types in SETTINGS_TYPES.items():
+        assert isinstance(doc["settings"][key], types), key
+    assert set(doc["settings"]) == set(SETTINGS_TYPES)
+    for key, types in ENVIRONMENT_TYPES.items():
+        assert isinstance(doc["environment"][key], types), key
+    assert set(RECORD_TYPES) == set(RECORD_FIELDS)
+    assert doc["records"]
+    for r in doc["records"]:
+        assert set(r) == set(RECORD_TYPES)
+        for key, types in RECORD_TYPES.items():
+            assert isinstance(r[key], types), (key, r[key])
+        if r["accepted_lengths"] is not None:
+            assert all(isinstance(a, int) and a >= 1 for a in r["accepted_lengths"])
+        assert r["label"] in doc["methods"]
+    for row in doc["summary"]:
+        assert set(row) == SUMMARY_KEYS
+
+
+def _hand_made_report() -> Report:
+    settings = ReportSettings(methods=("esp",), max_new_tokens=8).as_dict()
+    env = {k: (1 if t is int or t == OPT_INT else None if isinstance(t, tuple) else "x") for k, t in ENVIRONMENT_TYPES.items()}
+    return Report(settings, env, HAND_MADE, "2026-01-01T00:00:00+00:00", 1.5, [GREEDY, HF_PLD, "esp BC=30"])
+
+
+def test_outputs_from_hand_made_records(tmp_path):
+    report = _hand_made_report()
+    written = write_outputs(report, tmp_path / "out")
+    names = sorted(p.name for p in written)
+    assert names == sorted(
+        ["report.json", "records.csv", "summary.md", "tau_per_task.png", "speedup_per_task.png", "accepted_lengths.png"]
+    )
+    for p in written:
+        assert p.stat().st_size > 0
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    check_schema(doc)
+    assert Report.from_dict(doc).summary == doc["summary"]
+    with (tmp_path / "out" / "records.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(HAND_MADE) and rows[0]["accepted_lengths"] == "1 1 1 1 1 1 1"
+    md = markdown_summary(report)
+    assert "| esp BC=30 | 1.86 |" in md  # overall tau, ratios only
+    assert "tokens/s" not in md
+    assert (tmp_path / "out" / "tau_per_task.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rich_table_renders():
+    from rich.console import Console
+
+    console = Console(width=140, record=True)
+    console.print(rich_table(_hand_made_report()))
+    text = console.export_text()
+    assert "esp BC=30" in text and "overall" in text and "1/2" in text
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_report_end_to_end(smollm2, tmp_path, capsys):
+    """2 prompts, 16 new tokens, esp and the two baselines, through the real argument parser."""
+    out = tmp_path / "rep"
+    args = build_parser().parse_args(
+        ["report", "--tasks", "qa,math_reasoning", "--limit", "1", "--max-new-tokens", "16", "--methods", "esp",
+         "--warmup-tokens", "4", "--out", str(out), "--no-progress"]
+    )
+    assert cmd_report(args, loaded=smollm2) == 0
+    printed = capsys.readouterr().out
+    assert "probe-mtp report" in printed and "esp BC=30" in printed and "overall" in printed
+    for name in ("report.json", "records.csv", "summary.md", "tau_per_task.png", "speedup_per_task.png",
+                 "accepted_lengths.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    doc = json.loads((out / "report.json").read_text())
+    check_schema(doc)
+    assert doc["settings"]["warmup_tokens"] == 4 and doc["settings"]["tasks"] == ["qa", "math_reasoning"]
+    recs = doc["records"]
+    assert len(recs) == 2 * 3
+    assert {r["task"] for r in recs} == {"qa", "math_reasoning"}
+    assert all(r["identical_to_greedy"] for r in recs)  # fp32: every method is lossless
+    for r in recs:
+        assert r["new_tokens"] <= 16 and r["seconds"] > 0
+        assert r["accepted_lengths"] is None or sum(r["accepted_lengths"]) == r["new_tokens"] - r["first_pass_tokens"]
+    greedy = [r for r in recs if r["label"] == GREEDY]
+    assert all(r["forward_passes"] == r["new_tokens"] and r["mean_accepted_length"] in (1.0, None) for r in greedy)
+    esp = [r for r in recs if r["method"] == "esp"]
+    assert all(r["budget"] == 30 and r["num_masks"] == 1 and r["prefill_seconds"] is not None for r in esp)
+    assert sorted(r["order"] for r in recs if r["question_id"] == recs[0]["question_id"]) == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_console_script_end_to_end(tmp_path):
+    """The installed command, as a user runs it (loads the model itself)."""
+    out = tmp_path / "rep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "probe_mtp.cli", "report", "--tasks", "qa", "--limit", "2", "--max-new-tokens", "16",
+         "--methods", "esp", "--out", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "overall" in proc.stdout
+    check_schema(json.loads((out / "report.json").read_text()))

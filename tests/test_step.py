@@ -1,0 +1,134 @@
+"""The decoding step's pieces on toy tensors, and tree passes on tiny random-weight models
+(fast checks of the mechanics; the losslessness proofs on real models are in test_lossless_*.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig
+from transformers import Gemma3ForCausalLM, LlamaForCausalLM
+
+from probe_mtp import ProbeDecoder
+from probe_mtp.kv import keep_accepted, start_recording
+from probe_mtp.step import node_targets, top_candidates
+from probe_mtp.verify import accept_greedy
+from probe_mtp.tree import TokenTree
+
+from oracle import OracleDrafter
+
+
+def _tree():
+    #        0(5)
+    #      /   |   \
+    #   1(7)  2(8)  3(9)
+    #   /  \    |
+    # 4(1) 5(2) 6(3)
+    return TokenTree(
+        np.array([5, 7, 8, 9, 1, 2, 3]),
+        np.array([-1, 0, 0, 0, 1, 1, 2]),
+        np.ones(7),
+    )
+
+
+def test_accept_greedy_walks_matching_children():
+    tree = _tree()
+    targets = np.array([7, 2, 0, 0, 0, 4, 0])  # root -> 7 (node 1) -> 2 (node 5) -> bonus 4
+    assert accept_greedy(tree, targets).tolist() == [0, 1, 5]
+    targets = np.array([6, 0, 0, 0, 0, 0, 0])  # no child carries 6
+    assert accept_greedy(tree, targets).tolist() == [0]
+    targets = np.array([8, 0, 3, 0, 0, 0, 0])
+    assert accept_greedy(tree, targets).tolist() == [0, 2, 6]
+    assert accept_greedy(TokenTree.root_only(3), np.array([1])).tolist() == [0]
+
+
+def test_node_targets_and_top_candidates():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    assert node_targets(logits).tolist() == [1, 0]
+    toks, probs = top_candidates(logits, 2)
+    assert toks[0].tolist() == [1, 2] and toks[1].tolist() == [0, 2]
+    full = torch.softmax(logits, -1)
+    assert np.allclose(probs[0], full[0, [1, 2]].numpy())
+    toks, _ = top_candidates(logits, 10)  # width larger than the vocabulary is clipped
+    assert toks[0].shape == (3,)
+
+
+def _filled_cache(config, length, num_layers):
+    cache = DynamicCache(config=config)
+    start_recording(cache)
+    for i in range(num_layers):
+        k = torch.arange(length, dtype=torch.float32).view(1, 1, length, 1).expand(1, 1, length, 2).clone()
+        cache.layers[i].update(k, k.clone())
+    return cache
+
+
+def test_keep_accepted_selects_prefix_and_path():
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=1, num_key_value_heads=1,
+                         intermediate_size=8, vocab_size=16)
+    cache = _filled_cache(config, 10, 2)  # 6 cached + a pass of 4 new entries
+    keep_accepted(cache, 4, torch.tensor([0, 2]))
+    for layer in cache.layers:
+        assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 8]
+        assert layer.values.shape[-2] == 8
+    assert cache.get_seq_length() == 8
+
+
+def test_keep_accepted_trims_sliding_layers_to_window():
+    config = Gemma3TextConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=1, num_key_value_heads=1,
+                              intermediate_size=8, vocab_size=16, head_dim=2, sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention"])
+    cache = _filled_cache(config, 9, 2)  # 5 committed + a pass of 4
+    sliding, full = cache.layers
+    keep_accepted(cache, 4, torch.tensor([0, 3]))
+    assert sliding.cumulative_length == 7
+    # the window keeps the last sliding_window - 1 = 3 committed entries: positions 4, 5 (node 0), 8 (node 3)
+    assert sliding.keys[0, 0, :, 0].tolist() == [4, 5, 8]
+    assert full.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 8]
+
+
+def _tiny_llama(attn: str):
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=16, max_position_embeddings=256,
+                         attn_implementation=attn, bos_token_id=0, eos_token_id=15, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def _tiny_gemma(attn: str):
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=16, intermediate_size=64, vocab_size=16, sliding_window=8,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              max_position_embeddings=256, attn_implementation=attn,
+                              bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("make", [_tiny_llama, _tiny_gemma], ids=["llama", "gemma3-sliding"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_passes_match_generate_on_tiny_models(make, attn):
+    """Random weights, so the masks propose noise: this checks the mechanics (mask layout, both
+    attention formats, sliding windows crossed many times, cache rollback), not acceptance."""
+    model = make(attn)
+    model.generation_config.eos_token_id = None
+    decoder = ProbeDecoder(model, num_masks=2, budget=24, mask_update=0.1)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(3, 15, (1, 5 + 7 * seed), generator=g)
+        ref = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+        out = decoder.generate(ids, max_new_tokens=40)
+        assert torch.equal(out, ref)
+        # an oracle drafter: blocks of up to 10 tokens accepted, window crossed mid-block
+        continuation = ref[0, ids.shape[1] :].tolist()
+        for limit in (1, 3, 17, 40):
+            res = decoder.generate(ids, max_new_tokens=limit, drafter=OracleDrafter(continuation, ids.shape[1]),
+                                   return_dict_in_generate=True)
+            assert torch.equal(res.sequences, ref[:, : ids.shape[1] + limit])
+            if limit == 40:
+                assert res.stats.mean_accepted_length > 5
+        # EOS inside an accepted block: stop right after it
+        eos = continuation[12]
+        ref_eos = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=eos)
+        res = decoder.generate(ids, max_new_tokens=40, eos_token_id=eos, drafter=OracleDrafter(continuation, ids.shape[1]))
+        assert torch.equal(res, ref_eos)
+        assert res[0, -1].item() == eos
