@@ -31,8 +31,8 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--tasks", default=None,
                    help="comma list of tasks (default: all; Spec-Bench: mt_bench, translation, summarization, qa, "
                    "math_reasoning, rag)")
-    r.add_argument("--limit", type=int, default=3, help="prompts per task (default 3; 0 = all)")
-    r.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per turn (default 128)")
+    r.add_argument("--limit", type=int, default=2, help="prompts per task (default 2; 0 = all)")
+    r.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per turn (default 64)")
     r.add_argument("--methods", default=None,
                    help="comma list of probe-mtp drafters (default: every available one); model.generate and "
                    "transformers' prompt lookup are always measured")

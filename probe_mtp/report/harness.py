@@ -109,8 +109,8 @@ class ReportSettings:
     dtype: str = "float32"
     prompts: str | None = None
     tasks: tuple[str, ...] | None = None
-    limit: int = 3
-    max_new_tokens: int = 128
+    limit: int = 2
+    max_new_tokens: int = 64
     methods: tuple[str, ...] = ()
     budgets: tuple[int, ...] = (30,)
     num_masks: int = 1
