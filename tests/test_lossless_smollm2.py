@@ -100,13 +100,18 @@ def test_length_limit_inside_a_block(decoder, cases):
 
 
 def test_stops_exactly_at_eos(smollm2, decoder):
-    """A short answer ends with EOS; nothing is emitted after it, also with a list of EOS ids."""
+    """Short answers end with EOS; nothing is emitted after it, also with a list of EOS ids."""
     model, tok = smollm2
-    ids = chat_ids(tok, "Reply with the single word: yes")
-    ref = model.generate(ids, do_sample=False, max_new_tokens=64)
-    assert ref[0, -1].item() == tok.eos_token_id and ref.shape[1] - ids.shape[1] < 64
-    assert torch.equal(decoder.generate(ids, max_new_tokens=64), ref)
-    assert torch.equal(decoder.generate(ids, max_new_tokens=64, eos_token_id=[tok.eos_token_id, 7]), ref)
+    ended = 0
+    for text in ("Reply with the single word: yes", "What is 2 + 2? Answer with a number only.", "Say hello."):
+        ids = chat_ids(tok, text)
+        ref = model.generate(ids, do_sample=False, max_new_tokens=96)
+        if ref[0, -1].item() != tok.eos_token_id:
+            continue
+        ended += 1
+        assert torch.equal(decoder.generate(ids, max_new_tokens=96), ref)
+        assert torch.equal(decoder.generate(ids, max_new_tokens=96, eos_token_id=[tok.eos_token_id, 7]), ref)
+    assert ended, "no short prompt ended with EOS within 96 tokens"
 
 
 def test_max_new_tokens_zero_and_one(decoder, cases):
