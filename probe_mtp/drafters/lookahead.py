@@ -61,13 +61,16 @@ Where this differs from LADE's own 2D attention pattern and loop:
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
+import torch
 
 from ..tree import TokenTree, node_budget
 from .base import Drafter, StepFeedback
 
 # the paper's (N, W, G) at its three block complexities
-PAPER_SHAPES = {10: (3, 4, 1), 30: (4, 5, 5), 60: (5, 8, 7)}
+PAPER_SHAPES = MappingProxyType({10: (3, 4, 1), 30: (4, 5, 5), 60: (5, 8, 7)})
 
 
 def lookahead_shape(budget: int) -> tuple[int, int, int]:
@@ -187,7 +190,9 @@ class LookaheadDrafter(Drafter):
     # ------------------------------------------------------------------ learning
     def observe(self, feedback: StepFeedback) -> None:
         if not feedback.is_prefill:
-            new = feedback.node_logits[self._tails].argmax(dim=-1).cpu().numpy().astype(np.int64)
+            logits = feedback.node_logits
+            tails = torch.from_numpy(self._tails).to(logits.device)
+            new = logits.index_select(0, tails).argmax(dim=-1).cpu().numpy().astype(np.int64)
             self._updates += 1
             lv = self._levels
             if self._updates >= self.ngram - 1:  # levels 1..N-2 hold model guesses

@@ -10,17 +10,19 @@ verification pass computes anyway, and a draft *tree* grown from that table.
 
 This implementation:
 
-- **Memory.**  After every pass, for each accepted node (the root and the accepted drafts: the
-  positions whose logits are the model's exact distribution after committed text) the top-``top_k``
-  tokens of its logits and their softmax probabilities are stored under two keys: the last token
-  and the last two tokens of the context ending at that node.  Entries seen again are merged
-  (``merge="mean"``: the running mean of the stored distributions over the union of tokens, cut
-  back to top-k; ``merge="latest"``: replaced).  The prefill's last-position logits are stored the
-  same way.  With ``learn_from="all"`` the logits of rejected tree nodes (exact distributions after
-  their hypothetical paths) are stored as well.
+- **Memory.**  After every pass, for each tree node the pass verified, the top-``top_k`` tokens of
+  its logits and their softmax probabilities are stored under two keys: the node's last token and
+  its last two tokens (the context ending at that node).  Every node's logits are the model's
+  exact next-token distribution after that node's path, so rejected branches teach the memory too
+  (``learn_from="all"``, default; ``"accepted"`` keeps only the accepted path, i.e. committed
+  text).  Accepted nodes are written last.  An entry seen again is replaced
+  (``merge="latest"``, default: the most recent context is the best guess for greedy decoding) or
+  averaged (``merge="mean"``: running mean over the union of tokens, cut back to top-k).  The
+  prefill's last-position logits are stored the same way.
 - **Prompt seeding** (``seed_from_prompt``, default on): before generation every bigram/trigram
   of the prompt enters the memory as an empirical (count-normalised) distribution, so copying
-  from the prompt works from the first step; model logits later merge into these entries.
+  from the prompt works from the first step; the model's own distributions later replace these
+  entries (``merge="mean"``: merge into them).
 - **Drafting.**  Best-first expansion: a node's children are the stored top-k of the key formed by
   its last two tokens (falling back to its last token alone); a candidate's score is the product
   of stored probabilities along its path; the ``budget - 1`` best candidates are kept (a child
@@ -36,7 +38,7 @@ Differences from the paper:
   drafter in this package does.
 - *Keys.*  We key on the last one and two tokens (two first, one as fall-back); the paper's module
   covers several n-gram orders; exact orders, top-k size and how repeated entries are merged are
-  our choices (``top_k=10``, running mean).
+  our choices (``top_k=10``, latest entry wins, rejected nodes' logits stored too).
 - *Prompt seeding* with text n-grams is our addition (the paper's memory is built from logits of
   generated trajectories; the prompt's positions have no logits here, because the prefill keeps
   only the last one).
@@ -72,8 +74,8 @@ class StandDrafter(Drafter):
         self,
         budget: int,
         top_k: int = 10,
-        merge: str = "mean",
-        learn_from: str = "accepted",
+        merge: str = "latest",
+        learn_from: str = "all",
         seed_from_prompt: bool = True,
     ):
         super().__init__(budget)
@@ -89,12 +91,15 @@ class StandDrafter(Drafter):
         self.learn_from = learn_from
         self.seed_from_prompt = bool(seed_from_prompt)
         self._memory: dict[tuple[int, ...], Entry] = {}
+        self._before_root: int | None = None  # the token before the root of the last pass
 
     # ------------------------------------------------------------------ memory
     def start(self, prompt_ids: np.ndarray) -> None:
         self._memory = {}
+        prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        self._before_root = int(prompt[-2]) if prompt.size >= 2 else None  # the prefill's root is prompt[-1]
         if self.seed_from_prompt:
-            self._seed(np.asarray(prompt_ids, dtype=np.int64).reshape(-1).tolist())
+            self._seed(prompt.tolist())
 
     def _seed(self, toks: list[int]) -> None:
         counts: dict[tuple[int, ...], dict[int, int]] = {}
@@ -144,6 +149,7 @@ class StandDrafter(Drafter):
     def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
         root = int(root_token)
         prev = int(context[-2]) if len(context) >= 2 else None
+        self._before_root = prev
         tokens, parents, scores = [root], [-1], [1.0]
         heap: list[tuple[float, int, int, int]] = []  # (-score, tiebreak, parent, token)
         counter = 0
@@ -175,22 +181,25 @@ class StandDrafter(Drafter):
     @torch.no_grad()
     def observe(self, feedback: StepFeedback) -> None:
         tree = feedback.tree
-        ctx = feedback.context
-        m = len(feedback.new_tokens)
-        root_index = ctx.size - m - 1  # the root's index in the context
-        before_root = int(ctx[root_index - 1]) if root_index >= 1 else None
-        rows = np.asarray(feedback.accepted, dtype=np.int64)
+        before_root = self._before_root
+        accepted = np.asarray(feedback.accepted, dtype=np.int64)
+        logits = feedback.node_logits
         if self.learn_from == "all":
-            # rejected nodes first, so that the accepted path's (real-text) distributions are
-            # written last and win under merge="latest"
-            rejected = np.setdiff1d(np.arange(tree.size), rows)
-            rows = np.concatenate([rejected, rows])
-        logits = feedback.node_logits[torch.from_numpy(rows).to(feedback.node_logits.device)]
+            # every row, in place (no copy of [nodes, V]); rejected nodes are written first, so
+            # that the accepted path's (real-text) distributions win under merge="latest"
+            rows = np.concatenate([np.setdiff1d(np.arange(tree.size), accepted), accepted])
+            order = rows
+        else:
+            rows = accepted
+            logits = logits.index_select(0, torch.from_numpy(rows).to(logits.device))
+            order = np.arange(rows.size)
+        if logits.dtype != torch.float32:
+            logits = logits.float()
         k = min(self.top_k, logits.shape[-1])
-        top = torch.topk(logits.float(), k, dim=-1)
-        probs = torch.exp(top.values - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
-        toks_all = top.indices.cpu().numpy().astype(np.int64)
-        probs_all = probs.double().cpu().numpy()
+        top = torch.topk(logits, k, dim=-1)
+        probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
+        toks_all = top.indices.cpu().numpy().astype(np.int64)[order]
+        probs_all = probs.double().cpu().numpy()[order]
         tree_tokens = tree.tokens
         tree_parents = tree.parents
         for r, node in enumerate(rows.tolist()):
