@@ -130,8 +130,10 @@ def test_eos_and_limit_inside_accepted_blocks(smollm2, decoder, cases):
             out = decoder.generate(ids, max_new_tokens=limit, drafter=OracleDrafter(continuation, ids.shape[1]))
             assert torch.equal(out, _expected(ref, ids, limit))
         eos = continuation[7]  # pretend this token ends the text: generate stops at its first use
-        ref_eos = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=eos)
-        out = decoder.generate(ids, max_new_tokens=40, eos_token_id=eos,
+        # pad_token_id=eos as well: otherwise transformers reads the prompt's <|im_end|> (the model's
+        # pad token) as padding once pad != eos, and builds an attention mask with holes
+        ref_eos = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=eos, pad_token_id=eos)
+        out = decoder.generate(ids, max_new_tokens=40, eos_token_id=eos, pad_token_id=eos,
                                drafter=OracleDrafter(continuation, ids.shape[1]), return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref_eos)
         assert max(out.stats.accepted_lengths) > 1
