@@ -9,6 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tree_strategies import bfs_trees
+
 from probe_mtp.tree import (
     TokenTree,
     additive_mask,
@@ -22,23 +24,8 @@ FAST = settings(max_examples=120, deadline=None)
 
 
 @st.composite
-def bfs_trees(draw, max_depth=3, max_width=3):
-    """A valid breadth-first tree: level by level, each node's parent drawn from the level above."""
-    tokens, parents = [draw(st.integers(0, 50))], [-1]
-    prev_level = [0]
-    for _ in range(draw(st.integers(0, max_depth))):
-        level = []
-        for _ in range(draw(st.integers(1, max_width))):
-            level.append(len(tokens))
-            parents.append(draw(st.sampled_from(prev_level)))
-            tokens.append(draw(st.integers(0, 50)))
-        prev_level = level
-    return TokenTree(np.array(tokens), np.array(parents), np.ones(len(tokens)))
-
-
-@st.composite
 def layouts(draw):
-    tree = draw(bfs_trees())
+    tree = draw(bfs_trees(max_depth=3, max_width=3))
     return esp_layout(tree, draw(st.integers(0, 3)))
 
 

@@ -8,25 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tree_strategies import bfs_trees
+
 from probe_mtp.tree import TokenTree, block_complexity, chain, esp_layout, prefill_layout
 
 FAST = settings(max_examples=150, deadline=None)
-
-
-@st.composite
-def bfs_trees(draw, max_depth=4, max_width=4):
-    """A valid breadth-first tree: level by level, each node's parent drawn from the level above."""
-    root = draw(st.integers(0, 50))
-    tokens, parents = [root], [-1]
-    prev_level = [0]
-    for _ in range(draw(st.integers(0, max_depth))):
-        level = []
-        for _ in range(draw(st.integers(1, max_width))):
-            level.append(len(tokens))
-            parents.append(draw(st.sampled_from(prev_level)))
-            tokens.append(draw(st.integers(0, 50)))
-        prev_level = level
-    return TokenTree(np.array(tokens), np.array(parents), np.ones(len(tokens)))
 
 
 def ancestors_or_self(tree: TokenTree, i: int) -> set[int]:
