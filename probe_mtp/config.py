@@ -19,7 +19,16 @@ class ProbeConfig:
 
     - ``num_masks`` (k): mask inputs appended to every tree node; mask j proposes depth j.
     - ``budget`` (BC): inputs of one verification pass, ``(k + 1) * (1 + draft nodes)``; never
-      exceeded.  BC=30 with k=1 is one level of 14 alternatives.
+      exceeded.  BC=30 with k=1 is one level of 14 alternatives.  ``"auto"``: each step verifies
+      the tree size (and masks or none) that maximises expected tokens per second on this machine,
+      from its measured cost curve and running acceptance statistics, up to ``max_budget`` inputs
+      (see :mod:`probe_mtp.adaptive`).
+    - ``max_budget``: the largest pass ``budget="auto"`` may choose.
+    - ``cost_curve``: for ``budget="auto"``: None (measure it once, about a second, and cache it on
+      disk per model, dtype, device and thread count), a :class:`~probe_mtp.cost.CostCurve`, or a
+      mapping ``{inputs: seconds}`` to supply one.
+    - ``cost_cache``: read and write measured cost curves in the user's cache directory
+      (``$PROBE_MTP_CACHE_DIR``, else ``~/.cache/probe-mtp``); False measures afresh per decoder.
     - ``mask_init``: ``"prompt_mean"`` (mean of the prompt's input embeddings; the paper's best),
       ``"last_k"`` (embeddings of the last k prompt tokens, one per mask slot), ``"sample"`` (a
       seeded draw from N(mu, sigma^2 I) fitted to the vocabulary embeddings) or ``"token"`` (the
@@ -37,7 +46,10 @@ class ProbeConfig:
     """
 
     num_masks: int = 1
-    budget: int = 30
+    budget: int | str = "auto"
+    max_budget: int = 64
+    cost_curve: object | None = None
+    cost_cache: bool = True
     mask_init: str = "prompt_mean"
     mask_update: float = 0.1
     mask_token: int | None = None
@@ -49,22 +61,26 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.num_masks, int) or isinstance(self.num_masks, bool) or self.num_masks < 1:
             raise ValueError(f"num_masks must be an integer >= 1 (the probe needs at least one mask), got {self.num_masks!r}")
-        if not isinstance(self.budget, int) or isinstance(self.budget, bool):
-            raise TypeError(f"budget must be an integer number of inputs per pass, got {self.budget!r}")
+        if self.budget != "auto" and (not isinstance(self.budget, int) or isinstance(self.budget, bool)):
+            raise TypeError(f"budget must be an integer number of inputs per pass or 'auto', got {self.budget!r}")
+        if not isinstance(self.max_budget, int) or isinstance(self.max_budget, bool):
+            raise TypeError(f"max_budget must be an integer number of inputs per pass, got {self.max_budget!r}")
+        if self.cost_curve is not None and not isinstance(self.cost_curve, dict) and not hasattr(self.cost_curve, "cost"):
+            raise TypeError(f"cost_curve must be None, a CostCurve or a mapping {{inputs: seconds}}, got {self.cost_curve!r}")
         if self.drafter in MASK_FREE_DRAFTERS:
             smallest = min_block_complexity(0)
-            if self.budget < smallest:
+            if self.tree_budget < smallest:
                 raise ValueError(
-                    f"budget={self.budget} is too small for drafter={self.drafter!r}: the smallest tree "
-                    f"(root + one draft node) needs {smallest} inputs; use budget >= {smallest}"
+                    f"{self._budget_name}={self.tree_budget} is too small for drafter={self.drafter!r}: the smallest tree "
+                    f"(root + one draft node) needs {smallest} inputs; use {self._budget_name} >= {smallest}"
                 )
         else:
             smallest = min_block_complexity(self.num_masks)
-            if self.budget < smallest:
+            if self.tree_budget < smallest:
                 raise ValueError(
-                    f"budget={self.budget} is too small for num_masks={self.num_masks}: the smallest tree "
+                    f"{self._budget_name}={self.tree_budget} is too small for num_masks={self.num_masks}: the smallest tree "
                     f"(root + one draft node, each with {self.num_masks} mask(s)) needs {smallest} inputs; "
-                    f"use budget >= {smallest}"
+                    f"use {self._budget_name} >= {smallest}"
                 )
         if self.mask_init not in MASK_INITS:
             raise ValueError(f"mask_init must be one of {MASK_INITS}, got {self.mask_init!r}")
@@ -76,6 +92,20 @@ class ProbeConfig:
             raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.budget == "auto"
+
+    @property
+    def tree_budget(self) -> int:
+        """The block complexity drafters size their trees for: ``budget``, or ``max_budget`` when
+        the budget is adaptive (the adaptive policy then cuts each tree down)."""
+        return self.max_budget if self.adaptive else int(self.budget)
+
+    @property
+    def _budget_name(self) -> str:
+        return "max_budget" if self.adaptive else "budget"
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

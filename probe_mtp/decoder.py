@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .adaptive import AdaptiveBudget, FixedBudget
 from .config import ProbeConfig
+from .cost import CostCurve, cost_curve_for
 from .drafters import Drafter, StepFeedback, make_drafter
+from .head import SplitHead
 from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, embedding_stats, initial_mask_vectors
-from .step import PassInputs, assemble_inputs, forward_pass
-from .tree import TokenTree, TreeLayout, esp_layout, prefill_layout
+from .step import PassInputs, assemble_inputs, backbone_pass, forward_pass
+from .tree import TokenTree, TreeLayout, esp_layout, pad_layout, prefill_layout
 from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
 
 LAYOUT_CACHE_SIZE = 256
@@ -43,15 +46,27 @@ class DecodeStats:
     accepted_lengths: list[int] = field(default_factory=list)
     seconds: float = 0.0
     prefill_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    inputs_per_pass: list[int] = field(default_factory=list)
     method: str = "esp"
-    budget: int = 0
+    budget: int | str = 0
     num_masks: int = 0
+    choices: dict = field(default_factory=dict)
 
     @property
     def mean_accepted_length(self) -> float:
         if not self.accepted_lengths:
             return 1.0
         return float(sum(self.accepted_lengths)) / len(self.accepted_lengths)
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of the decoding steps' time spent outside the model's forward pass (drafting,
+        masks, verification, cache rollback, stopping checks); the prefill is left out."""
+        steps = self.seconds - self.prefill_seconds
+        if steps <= 0 or not self.accepted_lengths:
+            return float("nan")
+        return max(0.0, 1.0 - self.forward_seconds / steps)
 
     @property
     def tokens_per_second(self) -> float:
@@ -68,6 +83,9 @@ class DecodeStats:
             "mean_accepted_length": self.mean_accepted_length,
             "seconds": self.seconds,
             "prefill_seconds": self.prefill_seconds,
+            "forward_seconds": self.forward_seconds,
+            "inputs_per_pass": list(self.inputs_per_pass),
+            "choices": dict(self.choices),
         }
 
 
@@ -111,6 +129,8 @@ class ProbeDecoder:
         self.embed = model.get_input_embeddings()
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()
         self._embedding_stats: EmbeddingStats | None = None
+        self._split_head: SplitHead | None = None
+        self._cost_curves: dict[bool, CostCurve] = {}
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
 
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs):
@@ -122,18 +142,47 @@ class ProbeDecoder:
         return generate(self.model, input_ids, decoder=self, **kwargs)
 
     # ------------------------------------------------------------------ helpers
-    def layout(self, tree: TokenTree, num_masks: int) -> TreeLayout:
-        """The tree's layout, built once per shape and reused (LRU)."""
-        key = (tree.shape_key, num_masks)
+    def layout(self, tree: TokenTree, num_masks: int, pad_to: int = 0) -> TreeLayout:
+        """The tree's layout (padded to ``pad_to`` inputs), built once per shape and reused (LRU)."""
+        key = (tree.shape_key, num_masks, pad_to)
         found = self._layouts.get(key)
         if found is not None:
             self._layouts.move_to_end(key)
             return found
         built = esp_layout(tree, num_masks)
+        if pad_to:
+            built = pad_layout(built, pad_to)
         self._layouts[key] = built
         if len(self._layouts) > LAYOUT_CACHE_SIZE:
             self._layouts.popitem(last=False)
         return built
+
+    @property
+    def split_head(self) -> SplitHead:
+        """The backbone / output-layer split (checked once against the model's own logits)."""
+        if self._split_head is None:
+            self._split_head = SplitHead(self.model)
+        return self._split_head
+
+    def cost_curve(self, config: ProbeConfig) -> CostCurve:
+        """The curve ``budget="auto"`` sizes trees with: supplied, cached on disk, or measured."""
+        if config.cost_curve is not None:
+            supplied = config.cost_curve
+            return supplied if isinstance(supplied, CostCurve) else CostCurve.from_mapping(dict(supplied))
+        key = bool(config.cost_cache)
+        if key not in self._cost_curves:
+            self._cost_curves[key] = cost_curve_for(self.model, use_disk=key)
+        return self._cost_curves[key]
+
+    def budget_policy(self, config: ProbeConfig, drafter: Drafter):
+        if not config.adaptive:
+            return FixedBudget(drafter.num_masks)
+        return AdaptiveBudget(
+            self.cost_curve(config),
+            drafter.num_masks,
+            config.max_budget,
+            mask_free=getattr(drafter, "mask_free_nodes", None),
+        )
 
     def embedding_stats(self) -> EmbeddingStats:
         if self._embedding_stats is None:
@@ -186,6 +235,8 @@ class _Run:
         self.masks = decoder._mask_vectors(req.config, prompt[0], self.k) if self.k else None
         self.cache = new_cache(decoder.model)
         start_recording(self.cache)
+        self.policy = decoder.budget_policy(req.config, drafter)
+        self.head = decoder.split_head if decoder.split_head.usable else None
 
     # ---------------------------------------------------------------- pieces
     @property
@@ -268,20 +319,38 @@ class _Run:
         if self.masks is not None:
             self.masks.update(dec.embed(torch.tensor(new_tokens, device=self.device)))
 
+    def verify_pass(self, tree: TokenTree, layout: TreeLayout, inputs: PassInputs):
+        """One forward pass: node logits ``[tree.size, V]`` and a function giving the logits of a
+        node's masks.  With the split head the output layer runs only on the nodes, and later on
+        the one owner's masks whose logits are used."""
+        t0 = time.perf_counter()
+        if self.head is not None:
+            hidden = backbone_pass(self.head, self.cache, inputs)
+            node_logits = self.head.logits(hidden[: tree.size])
+            masks_of = lambda owner: self.head.logits(hidden[torch.from_numpy(layout.mask_slots(owner))])  # noqa: E731
+        else:
+            logits = forward_pass(self.dec.model, self.cache, inputs)
+            node_logits = logits[: tree.size]
+            masks_of = lambda owner: logits[layout.mask_slots(owner)]  # noqa: E731
+        self.stats.forward_seconds += time.perf_counter() - t0
+        self.stats.forward_passes += 1
+        self.stats.inputs_per_pass.append(layout.num_inputs)
+        return node_logits, masks_of
+
     def step(self) -> None:
-        dec, k = self.dec, self.k
+        dec = self.dec
         context = self.sequence[0]
         root = int(context[-1])
-        tree = self.drafter.propose(root, context.cpu().numpy())
-        layout = dec.layout(tree, k)
-        inputs = assemble_inputs(dec.embed, tree, layout, self.masks, self.length - 1, self.cache, dec.fmt)
-        logits = forward_pass(dec.model, self.cache, inputs)
-        self.stats.forward_passes += 1
-        node_logits = logits[: tree.size]
+        plan = self.policy.plan(self.drafter.propose(root, context.cpu().numpy()))
+        tree, k = plan.tree, plan.num_masks
+        layout = dec.layout(tree, k, plan.pad_to)
+        inputs = assemble_inputs(dec.embed, tree, layout, self.masks if k else None, self.length - 1, self.cache, dec.fmt)
+        node_logits, masks_of = self.verify_pass(tree, layout, inputs)
         path, new_tokens, token_scores = self.choose(tree, node_logits, context)
+        self.policy.observe(tree, path)
         keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(path).to(self.device))
         self.stats.accepted_lengths.append(self.commit(new_tokens.tolist(), token_scores))
-        mask_logits = logits[layout.mask_slots(int(path[-1]))] if k else None
+        mask_logits = masks_of(int(path[-1])) if k else None
         self.feedback(tree, path, new_tokens, node_logits, mask_logits)
         if self.masks is not None and not self.done:
             self.masks.update(dec.embed(torch.from_numpy(new_tokens).to(self.device)))
@@ -299,5 +368,6 @@ class _Run:
             self.req.streamer.end()
         self.stats.seconds = time.perf_counter() - t0
         self.stats.new_tokens = self.length - self.prompt_len
+        self.stats.choices = dict(getattr(self.policy, "choices", {}))
         scores = tuple(self.scores) if self.req.output_scores else None
         return GenerateOutput(self.sequence.clone(), self.stats, scores)

@@ -101,7 +101,10 @@ def custom_generate(
     config: ProbeConfig | None = None,
     generator: torch.Generator | None = None,
     num_masks: int | None = None,
-    budget: int | None = None,
+    budget: int | str | None = None,
+    max_budget: int | None = None,
+    cost_curve=None,
+    cost_cache: bool | None = None,
     mask_init: str | None = None,
     mask_update: float | None = None,
     mask_token: int | None = None,
@@ -125,7 +128,8 @@ def custom_generate(
     knobs = {
         name: value
         for name, value in dict(
-            num_masks=num_masks, budget=budget, mask_init=mask_init, mask_update=mask_update,
+            num_masks=num_masks, budget=budget, max_budget=max_budget, cost_curve=cost_curve,
+            cost_cache=cost_cache, mask_init=mask_init, mask_update=mask_update,
             mask_token=mask_token, mask_seed=mask_seed, prune_repeats=prune_repeats,
             sampling_rule=sampling_rule,
         ).items()

@@ -42,13 +42,16 @@ def assemble_inputs(
 ) -> PassInputs:
     """Embeddings ``[root | nodes | masks]``, the tree attention mask and depth-based position ids."""
     device = fmt.device
-    node_ids = torch.tensor(tree.tokens, device=device)
+    # padding inputs (pad_layout) repeat the root token
+    node_ids = torch.tensor(np.concatenate([tree.tokens, np.repeat(tree.tokens[:1], layout.num_pad)]), device=device)
     embeds = embed(node_ids)
     if layout.num_masks:
         if masks is None:
             raise ValueError("a layout with mask slots needs mask vectors")
-        slot = torch.from_numpy(layout.mask_index[layout.tree_size :] - 1).to(device)
-        embeds = torch.cat([embeds, masks.vectors.index_select(0, slot).to(embeds.dtype)], dim=0)
+        mask_rows = layout.mask_index[layout.tree_size : layout.num_inputs - layout.num_pad]
+        slot = torch.from_numpy(mask_rows - 1).to(device)
+        mask_embeds = masks.vectors.index_select(0, slot).to(embeds.dtype)
+        embeds = torch.cat([embeds[: tree.size], mask_embeds, embeds[tree.size :]], dim=0)
     positions = torch.tensor(layout.position_offsets, device=device) + int(root_position)
     attn = attention_inputs(cache, layout.visible, positions, fmt, past_visible)
     return PassInputs(embeds[None], attn, positions[None])
@@ -66,6 +69,18 @@ def forward_pass(model, cache, inputs: PassInputs, logits_to_keep: int | torch.T
         logits_to_keep=logits_to_keep,
     )
     return out.logits[0].float()
+
+
+def backbone_pass(split_head, cache, inputs: PassInputs) -> torch.Tensor:
+    """One forward pass of the model's backbone only: final hidden states ``[N, H]`` (the output
+    layer is applied later, to the rows whose logits are used; see :mod:`probe_mtp.head`)."""
+    return split_head.hidden_states(
+        inputs_embeds=inputs.inputs_embeds,
+        attention_mask=inputs.attention_mask,
+        position_ids=inputs.position_ids,
+        cache=cache,
+        use_cache=True,
+    )
 
 
 def node_targets(node_logits: torch.Tensor) -> np.ndarray:

@@ -9,7 +9,8 @@ offsets, counts block complexity and exports to networkx.  It is installed as ``
 from .token_tree import TokenTree
 from .build import best_first, chain
 from .budget import block_complexity, node_budget, min_block_complexity
-from .layout import TreeLayout, esp_layout, prefill_layout
+from .layout import TreeLayout, esp_layout, pad_layout, prefill_layout
+from .select import best_order, choose_node_count, keep_nodes, path_monotone
 from .attention import (
     additive_mask,
     full_attention_mask,
@@ -25,7 +26,12 @@ __all__ = [
     "node_budget",
     "min_block_complexity",
     "esp_layout",
+    "pad_layout",
     "prefill_layout",
+    "best_order",
+    "choose_node_count",
+    "keep_nodes",
+    "path_monotone",
     "additive_mask",
     "full_attention_mask",
     "sliding_attention_mask",

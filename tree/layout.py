@@ -27,7 +27,8 @@ class TreeLayout:
       all-visible for every row, subject to sliding windows);
     - ``position_offsets[q]``: position id minus the root's position id;
     - ``owner[q]``: the tree node an input belongs to (itself for nodes);
-    - ``mask_index[q]``: 0 for nodes, j (1..k) for mask j.
+    - ``mask_index[q]``: 0 for nodes, j (1..k) for mask j;
+    - ``num_pad``: padding inputs at the end (see :func:`pad_layout`); owner -1, mask index 0.
     """
 
     tree_size: int
@@ -36,6 +37,7 @@ class TreeLayout:
     position_offsets: np.ndarray
     owner: np.ndarray
     mask_index: np.ndarray
+    num_pad: int = 0
 
     @property
     def num_inputs(self) -> int:
@@ -97,3 +99,28 @@ def prefill_layout(prompt_len: int, num_masks: int) -> TreeLayout:
     for arr in (visible, position_offsets, owner, mask_index):
         arr.setflags(write=False)
     return TreeLayout(p, k, visible, position_offsets, owner, mask_index)
+
+
+def pad_layout(layout: TreeLayout, total: int) -> TreeLayout:
+    """``layout`` with padding inputs appended up to ``total`` inputs.
+
+    On a CPU a pass over 2-3 inputs can cost more than over 4-8 (BLAS handles 2-3 rows as separate
+    vector products), so a small pass is cheaper padded.  A padding input repeats the root (position
+    offset 0), sees the cache and itself only and is seen by nobody; its outputs are never read and
+    its cache entries are dropped with the rest of the rejected inputs.
+    """
+    extra = int(total) - layout.num_inputs
+    if extra < 0:
+        raise ValueError(f"cannot pad {layout.num_inputs} inputs down to {total}")
+    if extra == 0:
+        return layout
+    n = layout.num_inputs
+    visible = np.zeros((total, total), dtype=bool)
+    visible[:n, :n] = layout.visible
+    visible[np.arange(n, total), np.arange(n, total)] = True
+    position_offsets = np.concatenate([layout.position_offsets, np.zeros(extra, dtype=np.int64)])
+    owner = np.concatenate([layout.owner, np.full(extra, -1, dtype=np.int64)])
+    mask_index = np.concatenate([layout.mask_index, np.zeros(extra, dtype=np.int64)])
+    for arr in (visible, position_offsets, owner, mask_index):
+        arr.setflags(write=False)
+    return TreeLayout(layout.tree_size, layout.num_masks, visible, position_offsets, owner, mask_index, layout.num_pad + extra)

@@ -25,16 +25,16 @@ __all__ = [
 
 
 def make_drafter(config) -> Drafter:
-    """The drafter named by ``config.drafter``, sized by ``config.budget``."""
+    """The drafter named by ``config.drafter``, sized by ``config.tree_budget`` (``budget``, or ``max_budget`` when adaptive)."""
     if config.drafter == "esp":
-        return ESPDrafter(config.num_masks, config.budget, prune_repeats=config.prune_repeats)
+        return ESPDrafter(config.num_masks, config.tree_budget, prune_repeats=config.prune_repeats)
     # baselines without mask inputs: config.num_masks does not apply to them
     if config.drafter == "pld":
-        return PromptLookupDrafter(config.budget)
+        return PromptLookupDrafter(config.tree_budget)
     if config.drafter == "lookahead":
-        return LookaheadDrafter(config.budget)
+        return LookaheadDrafter(config.tree_budget)
     if config.drafter == "stand":
-        return StandDrafter(config.budget)
+        return StandDrafter(config.tree_budget)
     if config.drafter == "ar":
-        return AutoregressiveDrafter(config.budget)
+        return AutoregressiveDrafter(config.tree_budget)
     raise ValueError(f"unknown drafter {config.drafter!r}")

@@ -10,8 +10,6 @@ DEFAULT_OUT = "report-out"
 
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
-    from ..cli import add_model_arguments
-
     r = subparsers.add_parser(
         "report",
         help="tau, tokens/s, speedup and losslessness of every method on Spec-Bench, against model.generate "
@@ -21,18 +19,27 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         "reports per Spec-Bench task and overall: mean accepted length tau, tokens/s, speedups, and whether "
         "each output is identical to model.generate's.",
     )
+    add_run_arguments(r, budget="30", limit=2, tokens=64)
+    r.set_defaults(func=cmd_report)
+    return r
+
+
+def add_run_arguments(r, budget: str, limit: int, tokens: int) -> None:
+    """The options ``report`` and ``bench`` share."""
+    from ..cli import add_model_arguments
+
     add_model_arguments(r)
     r.add_argument("--num-masks", type=int, default=1, help="masks per tree node, k (default 1)")
-    r.add_argument("--budget", default="30",
-                   help="block complexity BC (inputs per forward pass), or a comma list for a sweep such as "
-                   "10,30,60: every method at every budget (default 30)")
+    r.add_argument("--budget", default=budget,
+                   help="block complexity BC (inputs per forward pass), 'auto' (the adaptive budget), or a comma "
+                   f"list for a sweep such as 10,30,60: every method at every budget (default {budget})")
     r.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                    help="prompt file in Spec-Bench format (default: the bundled Spec-Bench questions)")
     r.add_argument("--tasks", default=None,
                    help="comma list of tasks (default: all; Spec-Bench: mt_bench, translation, summarization, qa, "
                    "math_reasoning, rag)")
-    r.add_argument("--limit", type=int, default=2, help="prompts per task (default 2; 0 = all)")
-    r.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per turn (default 64)")
+    r.add_argument("--limit", type=int, default=limit, help=f"prompts per task (default {limit}; 0 = all)")
+    r.add_argument("--max-new-tokens", type=int, default=tokens, help=f"new tokens per turn (default {tokens})")
     r.add_argument("--methods", default=None,
                    help="comma list of probe-mtp drafters (default: every available one); model.generate and "
                    "transformers' prompt lookup are always measured")
@@ -45,8 +52,6 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
                    "'-' writes nothing)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.set_defaults(func=cmd_report)
-    return r
 
 
 def settings_from_args(args):
@@ -72,21 +77,19 @@ def settings_from_args(args):
     )
 
 
-def cmd_report(args, loaded=None) -> int:
-    """Run the report.  ``loaded``: an already loaded ``(model, tokenizer)`` (tests, notebooks);
-    otherwise ``--model`` is loaded."""
+def prepare_run(args, loaded=None):
+    """Shared by ``report`` and ``bench``: consoles, torch threads, validated settings, prompts and
+    the model (``loaded``: an already loaded ``(model, tokenizer)``, else ``--model`` is loaded)."""
     import os
-    import sys
 
     import torch
     from rich.console import Console
 
-    from .harness import run_report, select_prompts
-    from .outputs import rich_table, write_outputs
+    from .harness import select_prompts
 
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=120)  # piped: rich would assume 80 columns and squeeze the table
+        console = Console(width=140)  # piped: rich would assume 80 columns and squeeze the table
     progress_console = Console(stderr=True)
     if args.threads is not None:
         if args.threads < 1:
@@ -101,6 +104,18 @@ def cmd_report(args, loaded=None) -> int:
             model, tokenizer = load_model(args.model, dtype=args.dtype)
     else:
         model, tokenizer = loaded
+    return console, progress_console, settings, prompts, model, tokenizer
+
+
+def cmd_report(args, loaded=None) -> int:
+    """Run the report.  ``loaded``: an already loaded ``(model, tokenizer)`` (tests, notebooks);
+    otherwise ``--model`` is loaded."""
+    import sys
+
+    from .harness import run_report
+    from .outputs import rich_table, write_outputs
+
+    console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded)
     turns = sum(len(p.turns) for p in prompts)
     progress_console.print(
         f"{len(prompts)} prompts ({turns} turns), {settings.max_new_tokens} new tokens, methods: generate, hf-pld"
@@ -119,5 +134,85 @@ def cmd_report(args, loaded=None) -> int:
     if args.out and args.out != "-":
         written = write_outputs(report, args.out, plots=not args.no_plots)
         console.print(f"wrote {', '.join(str(p) for p in written)}", highlight=False)
+    sys.stdout.flush()
+    return 0
+
+
+# ---------------------------------------------------------------------------- bench
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    b = subparsers.add_parser(
+        "bench",
+        help="wall-clock speedup with its spread over repetitions, the cost-curve bound, the overhead "
+        "outside the forward pass and (optionally) peak memory",
+        description="Runs the report's prompt-major loop --repeats times and reports per task and overall the "
+        "median, min and max speedup over model.generate greedy (ratios within one repetition), the share of "
+        "each probe step spent outside the model's forward pass, and the speedup bound of the method's passes "
+        "on this machine's measured cost curve.",
+    )
+    add_run_arguments(b, budget="auto,30", limit=4, tokens=128)
+    b.add_argument("--repeats", type=int, default=3, help="repetitions of the whole run (default 3)")
+    b.add_argument("--memory-tokens", type=int, default=0,
+                   help="also measure peak memory of one generation of this many tokens, model.generate against "
+                   "each method with budget auto, each in a fresh process (default 0: skip)")
+    b.set_defaults(func=cmd_bench, methods=None)
+    return b
+
+
+def cmd_bench(args, loaded=None) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from ..decoder import ProbeDecoder
+    from .bench import markdown_speed_table, rich_speed_table, speed_rows
+    from .harness import run_report
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.memory_tokens < 0:
+        raise ValueError(f"--memory-tokens must be >= 0, got {args.memory_tokens}")
+    if args.methods is None:
+        args.methods = "esp"
+    console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded)
+    probe = ProbeDecoder(model, tokenizer)
+    curve = probe.cost_curve(probe.config)
+    progress_console.print(f"cost curve: {curve}", highlight=False)
+    reports = []
+    for rep in range(args.repeats):
+        progress_console.print(f"repetition {rep + 1} of {args.repeats}", highlight=False)
+        reports.append(run_report(model, tokenizer, settings, prompts, progress=not args.no_progress,
+                                  console=progress_console))
+    rows = speed_rows(reports, curve.relative)
+    title = (f"probe-mtp bench: {settings.model}, {len(prompts)} prompts, {settings.max_new_tokens} tokens, "
+             f"{args.repeats} repetitions, {torch.get_num_threads()} threads")
+    console.print(rich_speed_table(rows, title))
+    memory = []
+    if args.memory_tokens:
+        from .memory import compare_memory
+
+        with progress_console.status(f"peak memory of {args.memory_tokens}-token generations..."):
+            memory = compare_memory(settings.model, list(settings.methods), args.memory_tokens, args.threads)
+        for m in memory:
+            console.print(
+                f"memory {m['method']:>10}: before {m['rss_before_mb']:.0f} MB, peak {m['peak_mb']:.0f} MB "
+                f"(+{m['peak_growth_mb']:.0f} MB), growth over the second half {m['second_half_growth_mb']:.1f} MB",
+                highlight=False,
+            )
+    if args.out and args.out != "-":
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "settings": settings.as_dict(),
+            "repeats": args.repeats,
+            "cost_curve": curve.as_dict(),
+            "rows": [r.as_dict() for r in rows],
+            "memory": memory,
+            "reports": [r.as_dict() for r in reports],
+        }
+        (out / "bench.json").write_text(json.dumps(payload, indent=1))
+        (out / "bench.md").write_text(f"# {title}\n\n{curve}\n\n" + markdown_speed_table(rows))
+        console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", highlight=False)
     sys.stdout.flush()
     return 0

@@ -74,8 +74,8 @@ def resolve_methods(spec: str | list[str] | tuple[str, ...] | None) -> tuple[str
     return tuple(out)
 
 
-def parse_budgets(spec: str | int | list[int] | tuple[int, ...]) -> tuple[int, ...]:
-    """``"10,30,60"`` -> ``(10, 30, 60)``."""
+def parse_budgets(spec: str | int | list | tuple) -> tuple:
+    """``"10,30,60"`` -> ``(10, 30, 60)``; ``"auto"`` stays a name (the adaptive budget)."""
     if isinstance(spec, int):
         items = [spec]
     elif isinstance(spec, str):
@@ -84,12 +84,17 @@ def parse_budgets(spec: str | int | list[int] | tuple[int, ...]) -> tuple[int, .
             part = part.strip()
             if not part:
                 continue
+            if part == "auto":
+                items.append(part)
+                continue
             try:
                 items.append(int(part))
             except ValueError:
-                raise ValueError(f"--budget takes integers separated by commas (e.g. 10,30,60), got {spec!r}") from None
+                raise ValueError(
+                    f"--budget takes integers or 'auto' separated by commas (e.g. 10,30,60 or auto,30), got {spec!r}"
+                ) from None
     else:
-        items = [int(b) for b in spec]
+        items = [b if b == "auto" else int(b) for b in spec]
     if not items:
         raise ValueError("--budget needs at least one block complexity, e.g. 30")
     out: list[int] = []
@@ -112,7 +117,7 @@ class ReportSettings:
     limit: int = 2
     max_new_tokens: int = 64
     methods: tuple[str, ...] = ()
-    budgets: tuple[int, ...] = (30,)
+    budgets: tuple = (30,)
     num_masks: int = 1
     seed: int = 0
     warmup_tokens: int = 16
@@ -168,6 +173,8 @@ class Run:
     accepted_lengths: list[int] | None
     prefill_seconds: float | None = None
     first_pass_tokens: int | None = None
+    forward_seconds: float | None = None
+    inputs_per_pass: list[int] | None = None
 
 
 class _PassCounter:
@@ -239,7 +246,7 @@ def _hf_method(model, name: str, label: str, **generate_kwargs) -> Method:
 
 
 def _probe_method(
-    decoder, drafter: str, budget: int, num_masks: int, seed: int, label: str, recorded_budget, recorded_masks
+    decoder, drafter: str, budget, num_masks: int, seed: int, label: str, recorded_budget, recorded_masks
 ) -> Method:
     def run(ids: torch.Tensor, max_new_tokens: int) -> Run:
         t0 = time.perf_counter()
@@ -255,7 +262,8 @@ def _probe_method(
         seconds = time.perf_counter() - t0
         s = out.stats
         tokens = out.sequences[0, ids.shape[1]:].tolist()
-        return Run(tokens, seconds, s.forward_passes, list(s.accepted_lengths), s.prefill_seconds, 1 if tokens else 0)
+        return Run(tokens, seconds, s.forward_passes, list(s.accepted_lengths), s.prefill_seconds, 1 if tokens else 0,
+                   s.forward_seconds, list(s.inputs_per_pass))
 
     return Method(drafter, label, "probe", recorded_budget, recorded_masks, run)
 
@@ -378,6 +386,8 @@ def _record(method: Method, prompt: Prompt, turn: int, prompt_tokens: int, run: 
         "mean_accepted_length": tau,
         "seconds": run.seconds,
         "prefill_seconds": run.prefill_seconds,
+        "forward_seconds": run.forward_seconds,
+        "inputs_per_pass": run.inputs_per_pass,
         "tokens_per_second": len(run.tokens) / run.seconds if run.seconds > 0 else None,
         "identical_to_greedy": mismatch is None,
         "first_mismatch": mismatch,

@@ -1,0 +1,159 @@
+"""The adaptive budget: each step, verify the tree size (and whether to attach masks) that
+maximises expected tokens per second on this machine.
+
+Expected tokens of a tree = 1 (the bonus token) + the sum over its draft nodes of the probability
+that the node is accepted.  That probability is estimated from the drafter's own score for the node
+(its cumulative probability) times a per-depth calibration factor learnt online from what
+verification actually accepted.  Cost comes from the machine's :class:`~probe_mtp.cost.CostCurve`.
+
+With masks (``k`` per node) a pass over ``n`` draft nodes has ``(k+1)(n+1)`` inputs; a mask-free
+pass has ``n+1``.  Masks pay for themselves only through the next step's proposals, so the choice
+between the two compares steady states: the best tree with masks against the best tree built from
+the proposals that need no masks (for the ESP drafter: none, i.e. a bare one-token step).  When the
+mask-free side wins, the masks are re-probed now and then (after 1, 2, 4, ... 64 mask-free steps) to
+see whether they have become worth their cost again.  Only the tree's size changes, never what
+verification accepts, so decoding stays lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import CostCurve
+from .tree import TokenTree, best_order, choose_node_count, keep_nodes, path_monotone
+
+MAX_DEPTH_TRACKED = 64
+MAX_BACKOFF = 64
+
+
+@dataclass
+class StepPlan:
+    """What to verify this step: the (cut) tree, the masks per node, and the number of inputs to
+    pad the pass to (0: no padding)."""
+
+    tree: TokenTree
+    num_masks: int
+    pad_to: int = 0
+
+
+class DepthCalibration:
+    """Per depth d: how many accepted nodes the drafter's scores at depth d are worth.
+
+    ``factor[d] = (accepted[d] + 1) / (score_sum[d] + 1)``, with exponentially decayed sums (recent
+    steps weigh more, so the estimate follows the task: copying phases, reasoning phases)."""
+
+    def __init__(self, decay: float = 0.97, max_depth: int = MAX_DEPTH_TRACKED):
+        self.decay = float(decay)
+        self.accepted = np.zeros(max_depth + 1)
+        self.score_sum = np.zeros(max_depth + 1)
+
+    def factor(self, depths: np.ndarray) -> np.ndarray:
+        d = np.minimum(depths, self.accepted.shape[0] - 1)
+        return (self.accepted[d] + 1.0) / (self.score_sum[d] + 1.0)
+
+    def estimates(self, tree: TokenTree) -> np.ndarray:
+        """Acceptance probability per node (1 at the root), non-increasing along paths."""
+        est = np.clip(tree.scores * self.factor(tree.depths), 0.0, 1.0)
+        est[0] = 1.0
+        return path_monotone(tree, est)
+
+    def observe(self, tree: TokenTree, accepted_depth: int) -> None:
+        if tree.size <= 1:
+            return
+        self.accepted *= self.decay
+        self.score_sum *= self.decay
+        top = self.accepted.shape[0] - 1
+        depths = np.minimum(tree.depths[1:], top)
+        np.add.at(self.score_sum, depths, tree.scores[1:])
+        self.accepted[1 : min(accepted_depth, top) + 1] += 1.0
+
+
+class AdaptiveBudget:
+    """Chooses each step's tree size and masks from a cost curve and running acceptance stats.
+
+    ``num_masks`` is the drafter's k; ``max_inputs`` bounds a pass (the drafter proposes trees
+    sized for it).  ``mask_free(tree)`` tells which draft nodes the drafter could have proposed
+    without masks (None: none of them when k > 0, all of them when k = 0)."""
+
+    def __init__(self, curve: CostCurve, num_masks: int, max_inputs: int, mask_free=None):
+        self.k = int(num_masks)
+        self.max_inputs = int(max_inputs)
+        costs = np.array([curve.cost(int(n)) for n in range(1, self.max_inputs + 1)])
+        # a pass of N inputs is padded to the size M >= N that costs least (the 2-3 input CPU trap:
+        # 4 or 8 inputs can cost less than 2), so N effectively costs min over M >= N of c(M)
+        suffix_best = np.array([n + int(np.argmin(costs[n:])) for n in range(costs.shape[0])])
+        self.pad_to = np.concatenate([[0], suffix_best + 1])
+        self.cost_table = np.concatenate([[0.0], costs[suffix_best]])
+        self.calibration = DepthCalibration()
+        self.mask_free = mask_free
+        self.free_steps = 0
+        self.backoff = 1
+        self.choices = {"mask": 0, "free": 0, "probe": 0}
+
+    def _cost(self, n: int) -> float:
+        return float(self.cost_table[min(n, self.max_inputs)])
+
+    def _best(self, tree: TokenTree, est: np.ndarray, candidates: np.ndarray, k: int):
+        order = candidates[np.lexsort((candidates, -est[candidates]))]
+        n, value = choose_node_count(est[order], self._cost, k + 1, max_inputs=self.max_inputs)
+        return order[: max(n, 0)], n, value
+
+    def plan(self, tree: TokenTree) -> StepPlan:
+        est = self.calibration.estimates(tree)
+        draft = best_order(tree, est)
+        if self.k == 0:
+            keep, _, _ = self._best(tree, est, draft, 0)
+            return self._padded(keep_nodes(tree, keep), 0)
+        free = self._free_nodes(tree)
+        keep_free, n_free, v_free = self._best(tree, est, draft[free[draft]], 0)
+        keep_mask, n_mask, v_mask = self._best(tree, est, draft, self.k)
+        has_mask_proposals = tree.size > 1 and not bool(free[1:].all())
+        if n_mask >= 0 and has_mask_proposals and v_mask >= v_free:
+            self.free_steps, self.backoff = 0, 1
+            self.choices["mask"] += 1
+            return self._padded(keep_nodes(tree, keep_mask), self.k)
+        if self.free_steps >= self.backoff:
+            # re-probe: attach masks so that the next step sees fresh mask proposals (with the
+            # smallest tree when no size is efficient: one such step in `backoff` costs little)
+            self.free_steps = 0
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+            self.choices["probe"] += 1
+            return self._padded(keep_nodes(tree, keep_mask if n_mask >= 0 else draft[:0]), self.k)
+        self.free_steps += 1
+        self.choices["free"] += 1
+        return self._padded(keep_nodes(tree, keep_free), 0)
+
+    def _padded(self, tree: TokenTree, k: int) -> StepPlan:
+        inputs = (k + 1) * tree.size
+        pad = int(self.pad_to[inputs]) if inputs <= self.max_inputs else 0
+        return StepPlan(tree, k, pad if pad > inputs else 0)
+
+    def _free_nodes(self, tree: TokenTree) -> np.ndarray:
+        if self.mask_free is None:
+            free = np.zeros(tree.size, dtype=bool)
+        else:
+            free = np.asarray(self.mask_free(tree), dtype=bool).copy()
+        free[0] = True
+        # a node is usable without masks only if its whole path is
+        for d in range(1, tree.max_depth + 1):
+            at = np.flatnonzero(tree.depths == d)
+            free[at] &= free[tree.parents[at]]
+        return free
+
+    def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
+        self.calibration.observe(tree, int(tree.depths[accepted[-1]]))
+
+
+class FixedBudget:
+    """The paper's mode: every step verifies the drafter's whole tree with its k masks."""
+
+    def __init__(self, num_masks: int):
+        self.k = int(num_masks)
+
+    def plan(self, tree: TokenTree) -> StepPlan:
+        return StepPlan(tree, self.k)
+
+    def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
+        pass

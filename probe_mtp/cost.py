@@ -1,0 +1,212 @@
+"""The machine's own cost curve: c(N), the time of one forward pass over N new inputs.
+
+Verification width is not free on every machine: on a 2-core CPU 16 inputs cost about 1.6x one
+token and 2-3 inputs are disproportionately slow (BLAS treats 2-3 rows as separate vector
+products), while on a GPU 30 inputs cost about as much as one.  The adaptive budget sizes each
+tree from this curve.  A curve is measured in a few timed passes (about a second for SmolLM2 on 2
+cores) and cached on disk per model, dtype, device and thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CURVE_CONTEXT = 128
+CACHE_ENV = "PROBE_MTP_CACHE_DIR"
+SLOW_TOLERANCE = 0.05
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds of one forward pass over ``sizes[i]`` new inputs (median of the timed passes), at a
+    cache of ``context`` tokens.  ``cost(n)`` interpolates linearly between measured sizes and
+    extrapolates from the last two."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    context: int = CURVE_CONTEXT
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        sizes = tuple(int(s) for s in self.sizes)
+        seconds = tuple(float(s) for s in self.seconds)
+        if len(sizes) != len(seconds) or not sizes:
+            raise ValueError("a cost curve needs one time per size, and at least one size")
+        if sizes[0] != 1 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise ValueError(f"cost curve sizes must start at 1 and increase, got {sizes}")
+        if any(not np.isfinite(s) or s <= 0 for s in seconds):
+            raise ValueError(f"cost curve times must be positive, got {seconds}")
+        object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "seconds", seconds)
+
+    @classmethod
+    def from_mapping(cls, times: dict, context: int = CURVE_CONTEXT, label: str = "supplied") -> "CostCurve":
+        """From ``{N: seconds}`` (for example a curve measured elsewhere, or a flat GPU-like one)."""
+        items = sorted((int(n), float(s)) for n, s in times.items())
+        return cls(tuple(n for n, _ in items), tuple(s for _, s in items), context, label)
+
+    def cost(self, n: int) -> float:
+        if n < 1:
+            raise ValueError(f"a pass has at least one input, got {n}")
+        sizes, secs = self.sizes, self.seconds
+        if len(sizes) == 1:
+            return secs[0] * n
+        if n >= sizes[-1]:
+            slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2])
+            return secs[-1] + max(slope, 0.0) * (n - sizes[-1])
+        return float(np.interp(n, sizes, secs))
+
+    def relative(self, n: int) -> float:
+        """c(n) / c(1)."""
+        return self.cost(n) / self.cost(1)
+
+    def is_efficient(self, n: int) -> bool:
+        """False where some larger pass is clearly cheaper (by more than ``SLOW_TOLERANCE``): the
+        2-3 input trap of CPU BLAS.  Such a size is never chosen."""
+        c = self.cost(n)
+        return not any(self.cost(m) * (1 + SLOW_TOLERANCE) < c for m in range(n + 1, max(self.sizes[-1], n) + 1))
+
+    def speedup_bound(self, tau: float, inputs: int) -> float:
+        """The best wall-clock speedup a decoder with mean accepted length ``tau`` can reach with
+        ``inputs`` per pass: ``tau / (c(inputs) / c(1))``."""
+        return tau / self.relative(inputs)
+
+    def as_dict(self) -> dict:
+        return {
+            "format": FORMAT_VERSION,
+            "sizes": list(self.sizes),
+            "seconds": list(self.seconds),
+            "context": self.context,
+            "label": self.label,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostCurve":
+        return cls(tuple(data["sizes"]), tuple(data["seconds"]), int(data.get("context", CURVE_CONTEXT)), data.get("label", ""))
+
+    def __str__(self) -> str:
+        body = ", ".join(f"{n}: {s * 1000:.1f}" for n, s in zip(self.sizes, self.seconds))
+        return f"CostCurve(ms by inputs {{{body}}}, context {self.context})"
+
+
+# ---------------------------------------------------------------------------- measuring
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def measure_cost_curve(
+    model,
+    sizes: tuple[int, ...] = CURVE_SIZES,
+    context: int = CURVE_CONTEXT,
+    rounds: int = 2,
+) -> CostCurve:
+    """Time one forward pass over N new inputs on top of a ``context``-token cache for each N in
+    ``sizes``: a few untimed warm-up passes, then ``rounds`` rounds visiting the sizes in alternating
+    order (machine noise spreads over all sizes alike); the median per size is kept.  About 1-2 s for SmolLM2 on 2 cores.  Inputs are
+    causal chains with an explicit 4D mask and all logits, as in a verification pass."""
+    from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache
+
+    device = model.device
+    fmt = AttentionFormat.for_model(model)
+    vocab = model.get_input_embeddings().num_embeddings
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, context + max(sizes)), generator=gen).to(device)
+    cache = new_cache(model)
+    model(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+    timings: dict[int, list[float]] = {n: [] for n in sizes}
+
+    def one_pass(n: int) -> float:
+        visible = np.tril(np.ones((n, n), dtype=bool))
+        positions = torch.arange(context, context + n, device=device)
+        attn = attention_inputs(cache, visible, positions, fmt)
+        _sync(device)
+        t0 = time.perf_counter()
+        model(
+            input_ids=ids[:, context : context + n],
+            attention_mask=attn,
+            position_ids=positions[None],
+            cache=cache,
+            use_cache=True,
+        )
+        _sync(device)
+        elapsed = time.perf_counter() - t0
+        keep_accepted(cache, n, torch.zeros(0, dtype=torch.long, device=device))
+        return elapsed
+
+    for n in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}):  # warm-up: allocator, BLAS, kernels
+        one_pass(n)
+    for r in range(rounds):
+        order = sizes if r % 2 == 0 else tuple(reversed(sizes))
+        for n in order:
+            timings[n].append(one_pass(n))
+    return CostCurve(tuple(sizes), tuple(float(np.median(timings[n])) for n in sizes), context, "measured")
+
+
+# ---------------------------------------------------------------------------- the disk cache
+def cache_dir() -> Path:
+    """``$PROBE_MTP_CACHE_DIR``, else ``$XDG_CACHE_HOME/probe-mtp``, else ``~/.cache/probe-mtp``."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "probe-mtp"
+
+
+def curve_key(model) -> dict:
+    """What a curve depends on: the model, its dtype, device, attention implementation, torch's
+    thread count and version, and the machine's processor count."""
+    config = model.config
+    return {
+        "model": str(getattr(config, "name_or_path", "")) or type(model).__name__,
+        "class": type(model).__name__,
+        "hidden": int(getattr(config.get_text_config(), "hidden_size", 0) or 0),
+        "layers": int(getattr(config.get_text_config(), "num_hidden_layers", 0) or 0),
+        "dtype": str(model.dtype),
+        "device": str(model.device),
+        "attn": str(getattr(config, "_attn_implementation", "")),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+    }
+
+
+def curve_path(model, directory: Path | None = None) -> Path:
+    key = json.dumps(curve_key(model), sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return (directory or cache_dir()) / f"cost-curve-{digest}.json"
+
+
+def cost_curve_for(model, use_disk: bool = True, directory: Path | None = None) -> CostCurve:
+    """The model's cost curve: read from the disk cache when one was measured under the same
+    conditions, else measured now (and written, unless ``use_disk`` is False).  A cache that cannot
+    be read or written is ignored: the curve is then measured each time."""
+    path = curve_path(model, directory)
+    if use_disk and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") == FORMAT_VERSION and data.get("key") == curve_key(model):
+                return CostCurve.from_dict(data["curve"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    curve = measure_cost_curve(model)
+    if use_disk:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"format": FORMAT_VERSION, "key": curve_key(model), "curve": curve.as_dict()}, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass
+    return curve

@@ -1,0 +1,121 @@
+"""Peak memory of one long generation, ``model.generate`` against probe-mtp, each in a fresh process.
+
+Resident memory (RSS, from ``/proc/self/statm``) is sampled every few milliseconds by a thread
+while the generation runs.  Each method runs in its own process, so memory freed by one cannot be
+reused by the next.  Reported: RSS before the generation, its peak during it, and the growth over
+the second half of the generation (where only the KV cache should grow).
+
+Run as ``python -m probe_mtp.report.memory --method esp --tokens 1024``; ``compare_memory`` runs it
+for several methods and collects the JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE
+
+
+class RssSampler:
+    def __init__(self, every: float = 0.005):
+        self.every = every
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), rss_bytes()))
+            time.sleep(self.every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(model_name: str, method: str, tokens: int, threads: int | None) -> dict:
+    import torch
+
+    from .. import load_model
+    from ..decoder import ProbeDecoder
+    from ..prompts import balanced_subset, chat_input_ids, load_prompts
+
+    if threads:
+        torch.set_num_threads(threads)
+    model, tok = load_model(model_name)
+    prompt = balanced_subset(load_prompts(), 1, ("mt_bench",))[0]
+    ids = chat_input_ids(tok, [{"role": "user", "content": prompt.turns[0]}])
+    decoder = ProbeDecoder(model, tok)
+    with torch.no_grad():  # warm-up (allocator, cost curve) outside the measurement
+        if method == "generate":
+            model.generate(ids, do_sample=False, max_new_tokens=8)
+        else:
+            decoder.generate(ids, max_new_tokens=8, drafter=method, budget="auto")
+    before = rss_bytes()
+    start = time.perf_counter()
+    with torch.no_grad(), RssSampler() as sampler:
+        if method == "generate":
+            # min_new_tokens: the whole length runs, EOS or not
+            out = model.generate(ids, do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens)
+        else:
+            out = decoder.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, drafter=method, budget="auto")
+    end = time.perf_counter()
+    samples = sampler.samples or [(end, rss_bytes())]
+    mid = start + (end - start) / 2
+    first_half = [r for t, r in samples if t <= mid] or [samples[0][1]]
+    second_half = [r for t, r in samples if t > mid] or [samples[-1][1]]
+    return {
+        "method": method,
+        "new_tokens": int(out.shape[1] - ids.shape[1]),
+        "rss_before_mb": before / 2**20,
+        "peak_mb": max(r for _, r in samples) / 2**20,
+        "peak_growth_mb": (max(r for _, r in samples) - before) / 2**20,
+        "second_half_growth_mb": (max(second_half) - max(first_half)) / 2**20,
+        "samples": len(samples),
+        "seconds": end - start,
+    }
+
+
+def compare_memory(model_name: str, methods: list[str], tokens: int, threads: int | None = None) -> list[dict]:
+    """Run :func:`measure` for ``generate`` and each method, each in a fresh Python process."""
+    results = []
+    for method in ["generate", *methods]:
+        cmd = [sys.executable, "-m", "probe_mtp.report.memory", "--model", model_name, "--method", method,
+               "--tokens", str(tokens)]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory measurement of {method} failed:\n{done.stderr[-2000:]}")
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--method", default="generate", help="generate, or a probe-mtp drafter name")
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    print(json.dumps(measure(args.model, args.method, args.tokens, args.threads)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

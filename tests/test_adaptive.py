@@ -1,0 +1,173 @@
+"""The adaptive budget, model-free: tree cutting, size choice, calibration, the cost curve."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from probe_mtp.adaptive import AdaptiveBudget, DepthCalibration, FixedBudget
+from probe_mtp.cost import CostCurve, cost_curve_for, curve_path
+from probe_mtp.tree import TokenTree, best_order, choose_node_count, esp_layout, keep_nodes, pad_layout, path_monotone
+
+from tree_strategies import bfs_trees
+
+FAST = settings(max_examples=100, deadline=None)
+# the shape of design.md's CPU table for SmolLM2 (ms): 2 inputs cost more than 4
+CPU_CURVE = CostCurve.from_mapping({1: 57, 2: 91, 4: 80, 8: 78, 16: 90, 32: 117, 64: 174})
+FLAT_CURVE = CostCurve.from_mapping({1: 10.0, 64: 10.5})
+
+
+def scored(tree: TokenTree, values) -> TokenTree:
+    return TokenTree(tree.tokens, tree.parents, np.asarray(values, dtype=np.float64))
+
+
+@FAST
+@given(bfs_trees(), st.data())
+def test_path_monotone_and_best_order_are_prefix_closed(tree, data):
+    values = np.array(data.draw(st.lists(st.floats(0, 1), min_size=tree.size, max_size=tree.size)))
+    mono = path_monotone(tree, values)
+    assert np.all(mono[1:] <= mono[tree.parents[1:]])
+    assert np.all(mono <= values)
+    order = best_order(tree, values)
+    assert sorted(order.tolist()) == list(range(1, tree.size))
+    for n in range(tree.size):
+        kept = set(order[:n].tolist()) | {0}
+        assert all(int(tree.parents[i]) in kept for i in kept if i != 0)  # every prefix is a tree
+        cut = keep_nodes(tree, order[:n])
+        assert cut.size == n + 1
+        # the cut tree holds exactly the kept nodes' root paths
+        want = sorted(tuple(tree.path_tokens(i).tolist()) for i in kept)
+        got = sorted(tuple(cut.path_tokens(i).tolist()) for i in range(cut.size))
+        assert want == got
+
+
+def test_keep_nodes_refuses_orphans():
+    tree = TokenTree(np.array([5, 6, 7]), np.array([-1, 0, 1]), np.ones(3))
+    with pytest.raises(ValueError, match="parent"):
+        keep_nodes(tree, np.array([2]))
+
+
+def test_choose_node_count_maximises_tokens_per_second():
+    cost = lambda n: float(n)  # noqa: E731 - linear cost: a node pays only if accepted for sure
+    assert choose_node_count(np.array([0.9, 0.5]), cost, 1) == (0, 1.0)
+    n, value = choose_node_count(np.array([1.0, 1.0, 0.2]), lambda i: 1.0 + 0.5 * i, 1)
+    assert n == 2 and value == pytest.approx(3 / 2.5)
+    # flat cost: take everything
+    assert choose_node_count(np.full(10, 0.1), lambda n: 1.0, 2)[0] == 10
+    # sizes that are not allowed are skipped, and max_inputs caps the pass
+    n, _ = choose_node_count(np.full(10, 0.1), lambda n: 1.0, 2, allowed=lambda i: i != 22)
+    assert n == 9 and choose_node_count(np.full(10, 0.1), lambda n: 1.0, 2, max_inputs=8)[0] == 3
+    assert choose_node_count(np.full(3, 0.5), cost, 1, allowed=lambda i: False) == (-1, 0.0)
+
+
+def test_cost_curve_interpolates_and_flags_the_small_size_trap():
+    c = CPU_CURVE
+    assert c.cost(1) == 57 and c.cost(12) == pytest.approx(84.0)
+    assert c.cost(128) == pytest.approx(174 + (174 - 117) / 32 * 64)
+    assert not c.is_efficient(2) and not c.is_efficient(3) and c.is_efficient(1)
+    assert c.is_efficient(4) and c.is_efficient(6)  # within 5% of the cheaper 8
+    assert c.is_efficient(8) and c.is_efficient(64)
+    assert c.speedup_bound(2.0, 32) == pytest.approx(2.0 * 57 / 117)
+    assert CostCurve.from_dict(json.loads(json.dumps(c.as_dict()))) == c
+    with pytest.raises(ValueError):
+        CostCurve((2, 4), (1.0, 2.0))
+    with pytest.raises(ValueError):
+        CostCurve((1, 4), (1.0, -2.0))
+
+
+def esp_like_tree(probs_depth1, probs_depth2=()):
+    """Root with a fan of depth-1 candidates; the best one carries a depth-2 chain."""
+    d1 = len(probs_depth1)
+    tokens = [0] + list(range(1, d1 + 1)) + list(range(100, 100 + len(probs_depth2)))
+    parents = [-1] + [0] * d1 + [1] * len(probs_depth2)
+    scores = [1.0] + list(probs_depth1) + [probs_depth1[0] * p for p in probs_depth2]
+    return TokenTree(np.array(tokens), np.array(parents), np.array(scores))
+
+
+def test_adaptive_goes_bare_when_no_tree_pays_and_reprobes_with_backoff():
+    policy = AdaptiveBudget(CPU_CURVE, num_masks=1, max_inputs=64)
+    weak = esp_like_tree([0.02] * 14)
+    plan = policy.plan(weak)
+    assert plan.num_masks == 0 and plan.tree.size == 1  # a bare one-token step
+    # with nothing to propose, masks are re-probed after 1, 2, 4, ... bare steps
+    probes = [policy.plan(TokenTree.root_only(0)) for _ in range(14)]
+    assert [i for i, p in enumerate(probes) if p.num_masks] == [0, 3, 8]
+    assert probes[0].pad_to == 8  # root + 1 mask = 2 inputs would cost more than 8 on this curve
+
+
+def test_adaptive_takes_a_tree_when_it_pays_and_never_an_inefficient_size():
+    policy = AdaptiveBudget(CPU_CURVE, num_masks=1, max_inputs=64)
+    strong = esp_like_tree([0.9, 0.05, 0.04, 0.03], [0.9, 0.8])
+    plan = policy.plan(strong)
+    assert plan.num_masks == 1 and plan.tree.size >= 2
+    inputs = max(plan.pad_to, (plan.num_masks + 1) * plan.tree.size)
+    assert CPU_CURVE.is_efficient(inputs)
+    assert 1 in plan.tree.tokens  # the confident candidate is kept
+    # on a flat (GPU-like) curve everything fits
+    flat = AdaptiveBudget(FLAT_CURVE, num_masks=1, max_inputs=64)
+    assert flat.plan(strong).tree.size == strong.size
+
+
+def test_mask_free_drafters_get_bare_or_cheap_trees():
+    policy = AdaptiveBudget(CPU_CURVE, num_masks=0, max_inputs=64)
+    chain_tree = TokenTree(np.arange(6), np.arange(-1, 5), np.ones(6))
+    plan = policy.plan(chain_tree)  # calibration starts trusting scores of 1: take the chain
+    assert plan.num_masks == 0 and plan.tree.size == 6 and plan.pad_to == 8
+    for _ in range(40):  # ... but chains that are never accepted stop being verified
+        policy.observe(chain_tree, np.array([0]))
+    assert policy.plan(chain_tree).tree.size == 1
+
+
+def test_calibration_learns_acceptance_per_depth():
+    cal = DepthCalibration(decay=1.0)
+    tree = esp_like_tree([0.5, 0.5], [0.5])
+    for _ in range(50):
+        cal.observe(tree, accepted_depth=1)
+    est = cal.estimates(tree)
+    assert est[0] == 1.0
+    assert est[1] + est[2] == pytest.approx(1.0, abs=0.05)  # one depth-1 node accepted per step
+    assert est[3] < 0.05  # depth 2 never accepted
+
+
+def test_fixed_budget_keeps_the_tree():
+    tree = esp_like_tree([0.1, 0.1])
+    plan = FixedBudget(2).plan(tree)
+    assert plan.tree is tree and plan.num_masks == 2
+
+
+def test_cost_curve_disk_cache(tmp_path, monkeypatch, smollm2):
+    model, _ = smollm2
+    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path))
+    curve = cost_curve_for(model)
+    path = curve_path(model)
+    assert path.is_file() and path.parent == tmp_path
+    assert curve.sizes[0] == 1 and all(s > 0 for s in curve.seconds)
+    # a second call reads the file instead of measuring
+    data = json.loads(path.read_text())
+    data["curve"]["seconds"] = [1.0 + i for i in range(len(curve.sizes))]
+    path.write_text(json.dumps(data))
+    assert cost_curve_for(model).seconds[0] == 1.0
+    # use_disk=False neither reads nor writes
+    assert cost_curve_for(model, use_disk=False).seconds[0] != 1.0
+
+
+@FAST
+@given(bfs_trees(max_depth=3, max_width=3), st.integers(0, 2), st.integers(0, 5))
+def test_pad_layout_adds_inputs_that_nobody_sees(tree, k, extra):
+    base = esp_layout(tree, k)
+    padded = pad_layout(base, base.num_inputs + extra)
+    n = base.num_inputs
+    assert padded.num_inputs == n + extra and padded.num_pad == extra
+    assert np.array_equal(padded.visible[:n, :n], base.visible)
+    assert not padded.visible[:n, n:].any()  # nobody sees a pad
+    assert np.array_equal(padded.visible[n:, n:], np.eye(extra, dtype=bool))  # a pad sees itself
+    assert not padded.visible[n:, :n].any()
+    assert np.all(padded.position_offsets[n:] == 0) and np.all(padded.owner[n:] == -1)
+    for owner in range(tree.size):
+        assert np.array_equal(padded.mask_slots(owner), base.mask_slots(owner))
+    with pytest.raises(ValueError):
+        pad_layout(base, n - 1)

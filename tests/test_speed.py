@@ -1,0 +1,86 @@
+"""The lean step and the adaptive budget on the real models: still token-identical to
+``model.generate``, whatever the cost curve makes the policy choose."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from probe_mtp import ProbeDecoder
+from probe_mtp.cost import CostCurve
+from probe_mtp.head import SplitHead
+
+from conftest import chat_ids, task_prompts
+
+CPU_CURVE = {1: 57, 2: 91, 4: 80, 8: 78, 16: 90, 32: 117, 64: 174}  # design.md's 2-core table (ms)
+FLAT_CURVE = {1: 10.0, 64: 10.5}  # GPU-like: width is free, trees always pay
+
+
+@pytest.fixture(scope="module")
+def smol_cases(smollm2, specbench):
+    _, tok = smollm2
+    return [chat_ids(tok, p.turns[0]) for p in task_prompts(specbench, 1)]
+
+
+def test_split_head_reproduces_the_models_logits(smollm2):
+    model, _ = smollm2
+    head = SplitHead(model)
+    assert head.usable
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[0]
+        got = head.logits(head.hidden_states(input_ids=ids))
+    assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(drafter="esp", budget="auto", cost_curve=CPU_CURVE),
+        dict(drafter="esp", budget="auto", num_masks=2, cost_curve=FLAT_CURVE),
+        dict(drafter="pld", budget="auto", cost_curve=CPU_CURVE),
+        dict(drafter="stand", budget="auto", cost_curve=FLAT_CURVE, max_budget=24),
+    ],
+    ids=["esp-cpu", "esp-k2-flat", "pld-cpu", "stand-flat"],
+)
+def test_adaptive_budget_is_lossless(smollm2, smol_cases, knobs):
+    model, tok = smollm2
+    decoder = ProbeDecoder(model, tok)
+    sizes = set()
+    for ids in smol_cases:
+        ref = model.generate(ids, do_sample=False, max_new_tokens=48)
+        out = decoder.generate(ids, max_new_tokens=48, return_dict_in_generate=True, **knobs)
+        assert torch.equal(out.sequences, ref)
+        assert max(out.stats.inputs_per_pass) <= knobs.get("max_budget", 64)
+        sizes |= set(out.stats.inputs_per_pass)
+    if knobs["cost_curve"] is CPU_CURVE:
+        assert not sizes & {2, 3}  # the slow sizes of a CPU are never chosen
+    else:
+        assert max(sizes) > 8  # on a flat curve trees grow
+
+
+def test_auto_is_the_default_and_measures_its_curve_once(smollm2, smol_cases, tmp_path, monkeypatch):
+    model, tok = smollm2
+    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path))
+    decoder = ProbeDecoder(model, tok)
+    assert decoder.config.budget == "auto"
+    ids = smol_cases[1]
+    ref = model.generate(ids, do_sample=False, max_new_tokens=24)
+    out = decoder.generate(ids, max_new_tokens=24, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert isinstance(decoder.cost_curve(decoder.config), CostCurve)
+    assert len(list(tmp_path.glob("cost-curve-*.json"))) == 1
+    assert 0.0 <= out.stats.overhead_fraction < 1.0 and out.stats.forward_seconds > 0
+
+
+@pytest.mark.gemma
+def test_adaptive_and_split_head_on_gemma(gemma3, specbench):
+    model, tok = gemma3
+    assert SplitHead(model).usable
+    decoder = ProbeDecoder(model, tok)
+    prompts = [p.turns[0] for p in task_prompts(specbench, 1)][:3]
+    for text, curve in zip(prompts, [CPU_CURVE, FLAT_CURVE, FLAT_CURVE]):
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        ref = model.generate(ids, do_sample=False, max_new_tokens=32)
+        out = decoder.generate(ids, max_new_tokens=32, budget="auto", cost_curve=curve)
+        assert torch.equal(out, ref)
