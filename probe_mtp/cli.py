@@ -26,7 +26,19 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-masks", type=int, default=1, help="masks per tree node, k (default 1)")
-    p.add_argument("--budget", default="30", help="block complexity BC: inputs per forward pass (default 30)")
+    p.add_argument("--budget", type=_budget, default="auto",
+                   help="'auto' (default: sized per step from this machine's cost curve) or a block complexity BC, "
+                   "inputs per forward pass")
+    p.add_argument("--drafter", default="esp", help="esp (default), pld, lookahead, stand or ar")
+
+
+def _budget(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--budget takes an integer or 'auto', got {text!r}") from None
 
 
 def cmd_generate(args) -> int:
@@ -43,7 +55,7 @@ def cmd_generate(args) -> int:
     with console.status("loading model..."):
         model, tokenizer = load_model(args.model, dtype=args.dtype)
     ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
-    decoder = ProbeDecoder(model, tokenizer, num_masks=args.num_masks, budget=int(args.budget))
+    decoder = ProbeDecoder(model, tokenizer, num_masks=args.num_masks, budget=args.budget, drafter=args.drafter)
     decoder.generate(ids, max_new_tokens=4)  # warm-up, untimed
     out = decoder.generate(ids, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
     text = tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
@@ -58,7 +70,7 @@ def cmd_generate(args) -> int:
     ref_new = ref.shape[1] - ids.shape[1]
     table.add_row("model.generate", str(ref_new), str(ref_new), "1.00", f"{ref_new / ref_seconds:.1f}", "-")
     table.add_row(
-        f"probe-mtp esp (k={args.num_masks}, BC={args.budget})",
+        f"probe-mtp {args.drafter} (k={args.num_masks}, BC={args.budget})",
         str(stats.new_tokens),
         str(stats.forward_passes),
         f"{stats.mean_accepted_length:.2f}",

@@ -178,7 +178,6 @@ def test_text_iterator_streamer_gets_tokens_in_blocks(smol):
 
 
 @pytest.mark.gemma
-@pytest.mark.slow  # not yet seen passing: behind `slow` until a session runs it (make test-all)
 def test_options_on_gemma(gemma3):
     model, tok = gemma3
     decoder = ProbeDecoder(model, tok, num_masks=2, budget=30)
