@@ -19,6 +19,7 @@ from probe_mtp.analysis import (
     mask_init_settings,
     run_alignment_study,
 )
+from probe_mtp.analysis.alignment import owner_mask_vectors
 from probe_mtp.analysis.summaries import logistic_fit
 from probe_mtp.masks import initial_mask_vectors
 
@@ -213,3 +214,19 @@ def test_study_measures_tau_and_tables_every_setting(smollm2, greedy_case):
         study.pooled_tau("nope")
     with pytest.raises(TypeError, match="Prompt objects or strings"):
         run_alignment_study(model, tok, [ids], chosen, max_new_tokens=4)
+
+
+def test_every_mask_setting_runs_and_owner_vectors_follow_the_ema(smollm2, greedy_case):
+    model, tok = smollm2
+    ids, cont = greedy_case
+    embed = model.get_input_embeddings()
+    for label, config in mask_init_settings(token_id=int(tok.encode(" the")[0])).items():
+        a = align_masks(model, ids, cont[:6], config, num_masks=2)
+        assert a.cosine.shape[:2] == (6, 2) and np.isfinite(a.cosine[a.valid]).all(), label
+        vectors = owner_mask_vectors(embed, ids[0], cont, 6, config, 2)
+        frozen = config.mask_update == 0.0
+        assert torch.equal(vectors[0], vectors[5]) == frozen, label
+    ema = owner_mask_vectors(embed, ids[0], cont, 3, ProbeConfig(mask_update=0.5), 1)
+    first = embed(ids[0]).double().mean(0)
+    expected = 0.25 * first + 0.25 * embed(cont[0]).double() + 0.5 * embed(cont[1]).double()
+    assert torch.allclose(ema[2, 0].double(), expected, atol=1e-5)

@@ -47,7 +47,7 @@ import torch
 
 from ..config import ProbeConfig
 from ..kv import AttentionFormat, attention_inputs, new_cache
-from ..masks import EmbeddingStats, config_mask_vectors
+from ..masks import EmbeddingStats, config_mask_vectors, embedding_stats
 from ..tree import chain, esp_layout
 
 
@@ -68,7 +68,7 @@ class PromptAlignment:
     rank: np.ndarray  # [n, k] int64
     target: np.ndarray  # [n, k] token x_{q+j+1} (-1 where invalid)
     proposal: np.ndarray  # [n, k] the mask's top-1 token
-    greedy_mismatches: int  # chain nodes whose argmax is not the next token of the continuation (0 if greedy)
+    greedy_mismatches: int  # chain nodes whose argmax is not the next continuation token (0 for a greedy one in fp32)
 
     @property
     def num_masks(self) -> int:
@@ -99,7 +99,10 @@ def owner_mask_vectors(
     stats: EmbeddingStats | None = None,
 ) -> torch.Tensor:
     """``[num_owners, k, H]``: owner i's (position ``P - 1 + i``) mask vectors, i.e. the initial
-    vectors after the EMA update with the first i generated tokens."""
+    vectors after the EMA update with the first i generated tokens.  ``stats`` (the vocabulary
+    embedding statistics) is computed when ``mask_init="sample"`` needs it and none is given."""
+    if config.mask_init == "sample" and stats is None:
+        stats = embedding_stats(embed, embed.num_embeddings)
     masks = config_mask_vectors(config, embed, prompt_ids, num_masks, stats)
     out = [masks.vectors]
     with torch.no_grad():
@@ -146,10 +149,6 @@ def align_masks(
     prompt = _check_ids("prompt_ids", prompt_ids, 1).to(device)
     cont = _check_ids("continuation_ids", continuation_ids, 2).to(device)
     embed = model.get_input_embeddings()
-    if config.mask_init == "sample" and stats is None:
-        from ..masks import embedding_stats
-
-        stats = embedding_stats(embed, embed.num_embeddings)
     k = num_masks
     p, g = prompt.shape[0], cont.shape[0]
     n = g  # owners x_{P-1} .. x_{P+G-2}: the last generated token has no target after it
