@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .study import AlignmentStudy
 from .summaries import HitRates, layer_curve
@@ -49,6 +50,7 @@ def plot_cosine_by_layer(table: AlignmentTable, title: str = "") -> Figure:
         ax.axhline(PAPER_REJECTED, color="tab:red", linestyle=":", linewidth=0.9)
         ax.set_title(f"mask j={j}")
         ax.set_xlabel("layer (0 = embeddings)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="lower center")
     axes[0].set_ylabel("cosine(mask, true token)")
@@ -95,6 +97,7 @@ def plot_mask_inits(study: AlignmentStudy, mask: int = 1, title: str = "") -> Fi
             curve = layer_curve(rows)
             left.plot(curve.layers, curve.mean, label=label)
     left.set_xlabel("layer (0 = embeddings)")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_ylabel(f"mean cosine, mask j={mask}")
     left.grid(alpha=0.3)
     left.legend(fontsize="small")
