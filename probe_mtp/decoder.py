@@ -20,7 +20,7 @@ from .cost import CostCurve, cost_curve_for
 from .drafters import Drafter, StepFeedback, make_drafter
 from .head import SplitHead
 from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
-from .masks import EmbeddingStats, MaskVectors, embedding_stats, initial_mask_vectors
+from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
 from .step import PassInputs, assemble_inputs, backbone_pass, forward_pass
 from .tree import TokenTree, TreeLayout, esp_layout, pad_layout, prefill_layout
 from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
@@ -191,16 +191,7 @@ class ProbeDecoder:
 
     def _mask_vectors(self, config: ProbeConfig, prompt: torch.Tensor, num_masks: int) -> MaskVectors:
         stats = self.embedding_stats() if config.mask_init == "sample" else None
-        return initial_mask_vectors(
-            config.mask_init,
-            self.embed,
-            prompt,
-            num_masks,
-            config.mask_update,
-            stats=stats,
-            token=config.mask_token,
-            seed=config.mask_seed,
-        )
+        return config_mask_vectors(config, self.embed, prompt, num_masks, stats)
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()

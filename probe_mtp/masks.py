@@ -97,3 +97,20 @@ def initial_mask_vectors(
         else:
             raise ValueError(f"unknown mask_init {strategy!r}")
     return MaskVectors(m.to(dtype).contiguous(), ema)
+
+
+def config_mask_vectors(
+    config, embed: torch.nn.Module, prompt_ids: torch.Tensor, num_masks: int, stats: EmbeddingStats | None = None
+) -> MaskVectors:
+    """:func:`initial_mask_vectors` with the settings of a :class:`~probe_mtp.config.ProbeConfig`
+    (``mask_init``, ``mask_update``, ``mask_token``, ``mask_seed``)."""
+    return initial_mask_vectors(
+        config.mask_init,
+        embed,
+        prompt_ids,
+        num_masks,
+        config.mask_update,
+        stats=stats,
+        token=config.mask_token,
+        seed=config.mask_seed,
+    )
