@@ -27,16 +27,17 @@ TAU_DTYPE = np.dtype(
 )
 
 
-def mask_init_settings(token_id: int, ema: float = 0.1, seed: int = 0) -> dict[str, ProbeConfig]:
-    """The mask initialisations the paper ablates, as decoder settings (k=1, BC=30 otherwise):
+def mask_init_settings(token_id: int, ema: float = 0.1, seed: int = 0, budget: int = 30) -> dict[str, ProbeConfig]:
+    """The mask initialisations the paper ablates, as decoder settings (k=1, a fixed BC=30 as in
+    the paper's comparisons, not the adaptive budget):
     the prompt mean frozen and with the EMA update, and frozen last-k, sample and fixed-token
     vectors (``token_id``: the fixed token)."""
     return {
-        "prompt mean": ProbeConfig(mask_init="prompt_mean", mask_update=0.0),
-        "prompt mean + EMA": ProbeConfig(mask_init="prompt_mean", mask_update=ema),
-        "last-k": ProbeConfig(mask_init="last_k", mask_update=0.0),
-        "sample": ProbeConfig(mask_init="sample", mask_update=0.0, mask_seed=seed),
-        "token": ProbeConfig(mask_init="token", mask_update=0.0, mask_token=int(token_id)),
+        "prompt mean": ProbeConfig(mask_init="prompt_mean", mask_update=0.0, budget=budget),
+        "prompt mean + EMA": ProbeConfig(mask_init="prompt_mean", mask_update=ema, budget=budget),
+        "last-k": ProbeConfig(mask_init="last_k", mask_update=0.0, budget=budget),
+        "sample": ProbeConfig(mask_init="sample", mask_update=0.0, mask_seed=seed, budget=budget),
+        "token": ProbeConfig(mask_init="token", mask_update=0.0, mask_token=int(token_id), budget=budget),
     }
 
 
