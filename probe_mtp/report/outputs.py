@@ -29,6 +29,8 @@ RECORD_FIELDS = (
     "mean_accepted_length",
     "seconds",
     "prefill_seconds",
+    "forward_seconds",
+    "inputs_per_pass",
     "tokens_per_second",
     "identical_to_greedy",
     "first_mismatch",
@@ -57,8 +59,9 @@ def write_csv(report: Report, path: Path) -> Path:
         w.writeheader()
         for r in report.records:
             row = dict(r)
-            al = row.get("accepted_lengths")
-            row["accepted_lengths"] = "" if al is None else " ".join(str(a) for a in al)
+            for key in ("accepted_lengths", "inputs_per_pass"):
+                seq = row.get(key)
+                row[key] = "" if seq is None else " ".join(str(a) for a in seq)
             w.writerow({k: ("" if v is None else v) for k, v in row.items()})
     return path
 
