@@ -8,9 +8,11 @@ from .tree import min_block_complexity
 
 MASK_INITS = ("prompt_mean", "last_k", "sample", "token")
 SAMPLING_RULES = ("match", "rejection")
-DRAFTERS = ("esp", "pld", "lookahead", "stand", "ar")
+DRAFTERS = ("esp", "hybrid", "pld", "lookahead", "stand", "ar")
 # drafters that append no mask inputs: ``num_masks`` is validated but does not apply to them
 MASK_FREE_DRAFTERS = ("pld", "lookahead", "stand", "ar")
+# drafters for which the probe is one source among others: ``num_masks=0`` turns it off
+MASKS_OPTIONAL_DRAFTERS = ("hybrid",)
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ class ProbeConfig:
     - ``mask_seed``: seed of ``mask_init="sample"``.
     - ``prune_repeats``: drop a candidate equal to its parent's token (next-best takes its place).
     - ``drafter``: which drafter proposes the tree: ``"esp"`` (embedding-space probing, uses
-      ``num_masks``), or the mask-free baselines ``"pld"`` (prompt lookup), ``"lookahead"``
+      ``num_masks``), ``"hybrid"`` (one tree from the successor table, context lookup and, with
+      ``num_masks`` >= 1, the probe; ``num_masks=0`` is allowed for it), or the mask-free
+      baselines ``"pld"`` (prompt lookup), ``"lookahead"``
       (lookahead decoding), ``"stand"`` (n-gram memory of the model's logits) and ``"ar"`` (plain
       one-token decoding through the same loop).  The baselines ignore ``num_masks``; their trees
       hold at most ``budget`` nodes, the root included.
@@ -59,8 +63,10 @@ class ProbeConfig:
     sampling_rule: str = "match"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_masks, int) or isinstance(self.num_masks, bool) or self.num_masks < 1:
-            raise ValueError(f"num_masks must be an integer >= 1 (the probe needs at least one mask), got {self.num_masks!r}")
+        fewest_masks = 0 if self.drafter in MASKS_OPTIONAL_DRAFTERS else 1
+        if not isinstance(self.num_masks, int) or isinstance(self.num_masks, bool) or self.num_masks < fewest_masks:
+            why = "0 turns the probe off" if fewest_masks == 0 else "the probe needs at least one mask"
+            raise ValueError(f"num_masks must be an integer >= {fewest_masks} for drafter={self.drafter!r} ({why}), got {self.num_masks!r}")
         if self.budget != "auto" and (not isinstance(self.budget, int) or isinstance(self.budget, bool)):
             raise TypeError(f"budget must be an integer number of inputs per pass or 'auto', got {self.budget!r}")
         if not isinstance(self.max_budget, int) or isinstance(self.max_budget, bool):

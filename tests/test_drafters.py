@@ -24,7 +24,7 @@ from probe_mtp.drafters import (
 from probe_mtp.drafters.pld import lookup_continuation
 from probe_mtp.tree import TokenTree
 
-from conftest import chat_ids, task_prompts
+from conftest import GEMMA_TEXTS, SMOL_NEW_TOKENS
 
 BASELINES = ("pld", "lookahead", "stand", "ar")
 VOCAB = 50
@@ -277,32 +277,6 @@ def test_stand_latest_merge_replaces_and_learns_from_rejected_nodes():
 
 
 # ---------------------------------------------------------------------- lossless on SmolLM2
-SMOL_NEW_TOKENS = 48
-
-
-class _References:
-    """model.generate outputs, computed once per prompt and shared by every drafter."""
-
-    def __init__(self, model, tokenizer, prompts):
-        self.model = model
-        self.ids = [chat_ids(tokenizer, p.turns[0]) for p in prompts]
-        self.tasks = [p.task for p in prompts]
-        self._out: dict[int, torch.Tensor] = {}
-
-    def __call__(self, i: int) -> torch.Tensor:
-        if i not in self._out:
-            self._out[i] = self.model.generate(self.ids[i], do_sample=False, max_new_tokens=SMOL_NEW_TOKENS)
-        return self._out[i]
-
-
-@pytest.fixture(scope="module")
-def smol_refs(smollm2, specbench):
-    model, tokenizer = smollm2
-    prompts = task_prompts(specbench, 1)  # one prompt of each of the six Spec-Bench tasks
-    assert len({p.task for p in prompts}) >= 6
-    return _References(model, tokenizer, prompts)
-
-
 @pytest.fixture(scope="module")
 def smol_decoder(smollm2):
     model, tokenizer = smollm2
@@ -337,12 +311,6 @@ def test_lossless_on_smollm2(smollm2, smol_refs, smol_decoder, drafter, budget, 
 
 
 # ---------------------------------------------------------------------- lossless on Gemma 3
-GEMMA_TEXTS = (
-    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick brown",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "The history of the Roman Empire begins with",
-)
-
 
 @pytest.mark.gemma
 def test_lossless_on_gemma3(gemma3):

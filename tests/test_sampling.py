@@ -159,23 +159,30 @@ def peaked_tiny_model():
     return model
 
 
-@pytest.mark.parametrize("rule", ["match", "rejection"])
-def test_end_to_end_sampling_matches_plain_sampling(peaked_tiny_model, rule):
-    model = peaked_tiny_model
-    ids = torch.tensor([[0, 5, 3, 7]])
-    decoder = ProbeDecoder(model, num_masks=2, budget=18, sampling_rule=rule)
-    kw = dict(do_sample=True, temperature=1.0, top_p=0.9, max_new_tokens=3)
+TINY_IDS = torch.tensor([[0, 5, 3, 7]])
+TINY_SAMPLING = dict(do_sample=True, temperature=1.0, top_p=0.9, max_new_tokens=3)
 
-    def probe(seed):
-        return decoder.generate(ids, generator=torch.Generator().manual_seed(seed), **kw)
+
+@pytest.fixture(scope="module")
+def plain_tiny_draws(peaked_tiny_model):
+    """1500 seeded plain-sampling draws of the tiny model's first three tokens (shared by every
+    end-to-end case)."""
 
     def plain(seed):
         torch.manual_seed(10_000 + seed)
-        return model.generate(ids, **kw)
+        return peaked_tiny_model.generate(TINY_IDS, **TINY_SAMPLING)
 
-    a = _first_tokens(probe, 1500, 3)
-    b = _first_tokens(plain, 1500, 3)
-    assert _two_sample_p(a, b) > ALPHA
+    return _first_tokens(plain, 1500, 3)
+
+
+@pytest.mark.parametrize("rule,drafter", [("match", "esp"), ("rejection", "esp"), ("match", "hybrid")])
+def test_end_to_end_sampling_matches_plain_sampling(peaked_tiny_model, plain_tiny_draws, rule, drafter):
+    decoder = ProbeDecoder(peaked_tiny_model, num_masks=2, budget=18, sampling_rule=rule, drafter=drafter)
+
+    def probe(seed):
+        return decoder.generate(TINY_IDS, generator=torch.Generator().manual_seed(seed), **TINY_SAMPLING)
+
+    assert _two_sample_p(_first_tokens(probe, 1500, 3), plain_tiny_draws) > ALPHA
 
 
 def test_seeded_sampling_is_reproducible(smollm2):

@@ -7,7 +7,7 @@ offsets, counts block complexity and exports to networkx.  It is installed as ``
 """
 
 from .token_tree import TokenTree
-from .build import best_first, chain
+from .build import best_first, chain, grow_best_first
 from .budget import block_complexity, node_budget, min_block_complexity
 from .layout import TreeLayout, esp_layout, pad_layout, prefill_layout
 from .select import best_order, choose_node_count, keep_nodes, path_monotone
@@ -22,6 +22,7 @@ __all__ = [
     "TreeLayout",
     "best_first",
     "chain",
+    "grow_best_first",
     "block_complexity",
     "node_budget",
     "min_block_complexity",

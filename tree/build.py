@@ -10,7 +10,8 @@ children in one outer product.
 
 from __future__ import annotations
 
-from typing import Sequence
+import heapq
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -112,6 +113,55 @@ def best_first(
         scores.append(levels_scores[d][sel])
         prev_new_index = new_index
     return TokenTree._from_unordered(np.concatenate(tokens), np.concatenate(parents), np.concatenate(scores))
+
+
+def grow_best_first(
+    root_token: int,
+    expand: Callable[[int, int, int], tuple[np.ndarray, np.ndarray]],
+    max_nodes: int,
+) -> tuple[TokenTree, np.ndarray]:
+    """Grow the tree of the ``max_nodes`` best paths from a children function, one node at a time.
+
+    ``expand(node, parent, token)`` returns the candidate children ``(tokens, probs)`` of a node
+    just taken into the tree (``node`` numbers nodes in the order they were taken, the root 0 with
+    parent -1); probabilities lie in [0, 1], so a child never outscores its parent and the taken
+    set is always a tree.  Candidate tokens of one node must be distinct.  A child's
+    score is its parent's score times its probability; the best candidate of all expanded nodes
+    is taken next and expanded in its turn (EAGLE-2's best-first tree, with children that may come
+    from a different distribution at every node).  Ties go to the earlier candidate.
+
+    Returns the breadth-first tree and ``index`` with ``index[node]`` = the tree index of the
+    ``node``-th taken node.
+    """
+    if max_nodes < 0:
+        raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
+    tokens, parents, scores = [int(root_token)], [-1], [1.0]
+    heap: list[tuple[float, int, int, int]] = []  # (-score, push order, parent node, token)
+    pushed = 0
+
+    def push(node: int) -> None:
+        nonlocal pushed
+        toks, probs = expand(node, parents[node], tokens[node])
+        if isinstance(toks, np.ndarray):
+            toks = toks.tolist()
+        if isinstance(probs, np.ndarray):
+            probs = probs.tolist()
+        base = scores[node]
+        for tok, p in zip(toks, probs):
+            if p > 0.0:
+                heapq.heappush(heap, (-base * min(p, 1.0), pushed, node, int(tok)))
+                pushed += 1
+
+    if max_nodes:
+        push(0)
+    while heap and len(tokens) <= max_nodes:
+        neg, _, parent, tok = heapq.heappop(heap)
+        tokens.append(tok)
+        parents.append(parent)
+        scores.append(-neg)
+        if len(tokens) <= max_nodes:  # the last node's children could not be taken
+            push(len(tokens) - 1)
+    return TokenTree.from_parent_list(np.array(tokens), np.array(parents), np.array(scores))
 
 
 def chain(root_token: int, tokens: Sequence[int], probs: Sequence[float] | None = None) -> TokenTree:

@@ -93,6 +93,16 @@ class TokenTree:
     @classmethod
     def _from_unordered(cls, tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray) -> "TokenTree":
         """Reorder a tree whose parents precede children (any order) into breadth-first order."""
+        return cls.from_parent_list(tokens, parents, scores)[0]
+
+    @classmethod
+    def from_parent_list(
+        cls, tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray
+    ) -> tuple["TokenTree", np.ndarray]:
+        """A breadth-first tree from nodes listed in any order in which parents precede their
+        children (node 0 the root); also returns ``index``, the new position of each listed node."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        parents = np.asarray(parents, dtype=np.int64)
         n = tokens.shape[0]
         depths = np.zeros(n, dtype=np.int64)
         for i in range(1, n):
@@ -102,7 +112,7 @@ class TokenTree:
         new_index = np.empty(n, dtype=np.int64)
         new_index[order] = np.arange(n)
         new_parents = np.where(parents[order] >= 0, new_index[np.maximum(parents[order], 0)], -1)
-        return cls(tokens[order], new_parents, scores[order])
+        return cls(tokens[order], new_parents, np.asarray(scores, dtype=np.float64)[order]), new_index
 
     # ------------------------------------------------------------------ queries
     @property

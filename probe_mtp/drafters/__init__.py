@@ -7,6 +7,7 @@ budget, so they can be compared at equal BC.
 from .ar import AutoregressiveDrafter
 from .base import Drafter, StepFeedback
 from .esp import ESPDrafter
+from .hybrid import HybridDrafter
 from .lookahead import LookaheadDrafter, lookahead_shape
 from .pld import PromptLookupDrafter
 from .stand import StandDrafter
@@ -15,6 +16,7 @@ __all__ = [
     "Drafter",
     "StepFeedback",
     "ESPDrafter",
+    "HybridDrafter",
     "PromptLookupDrafter",
     "LookaheadDrafter",
     "StandDrafter",
@@ -28,6 +30,8 @@ def make_drafter(config) -> Drafter:
     """The drafter named by ``config.drafter``, sized by ``config.tree_budget`` (``budget``, or ``max_budget`` when adaptive)."""
     if config.drafter == "esp":
         return ESPDrafter(config.num_masks, config.tree_budget, prune_repeats=config.prune_repeats)
+    if config.drafter == "hybrid":
+        return HybridDrafter(config.tree_budget, config.num_masks, prune_repeats=config.prune_repeats)
     # baselines without mask inputs: config.num_masks does not apply to them
     if config.drafter == "pld":
         return PromptLookupDrafter(config.tree_budget)

@@ -34,7 +34,7 @@ HF_PLD = "hf-pld"
 """transformers' own prompt lookup, ``model.generate(do_sample=False, prompt_lookup_num_tokens=10)``."""
 BASELINES = (GREEDY, HF_PLD)
 # Drafter names the project plans; the ones not (yet) in probe_mtp.config.DRAFTERS get a clear error.
-PLANNED_DRAFTERS = ("esp", "pld", "lookahead", "stand", "ar")
+PLANNED_DRAFTERS = ("esp", "hybrid", "pld", "lookahead", "stand", "ar")
 # Drafters whose trees do not depend on the budget (plain one-token decoding): run once per sweep.
 BUDGET_FREE_DRAFTERS = ("ar",)
 SCHEMA = "probe-mtp-report/1"

@@ -1,0 +1,62 @@
+"""Online calibration of draft proposals: how often a source's proposals of one kind are accepted.
+
+Each source sorts its proposals into a few *cells* (for example: "successor table, pair key, stored
+probability 0.6-0.9" or "context match of 3 tokens, unanimous").  For every cell the calibrator
+counts proposals that were *tested* (their parent was on the accepted path, so the verifier's
+token after the parent is known) and how many of them were that token.  The estimate is the
+Beta-smoothed rate
+
+    p(cell) = (hits + strength * prior) / (trials + strength),
+
+which starts at the prior and follows the observed rate as evidence accumulates.  State lives in
+one instance per generation (reset by :meth:`reset`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class AcceptanceCalibrator:
+    """Per-(source, cell) acceptance counts turned into probability estimates.
+
+    ``priors[source]`` gives the prior mean of each of the source's cells (its length is the
+    number of cells); ``strength`` is the prior's weight in pseudo-proposals."""
+
+    def __init__(self, priors: Mapping[str, np.ndarray], strength: float = 4.0):
+        if strength <= 0:
+            raise ValueError(f"strength must be > 0, got {strength!r}")
+        self.priors = {}
+        for source, prior in priors.items():
+            prior = np.asarray(prior, dtype=np.float64).reshape(-1)
+            if prior.size == 0 or np.any((prior < 0) | (prior > 1)):
+                raise ValueError(f"prior of {source!r} must be non-empty probabilities in [0, 1]")
+            prior.setflags(write=False)
+            self.priors[source] = prior
+        self.strength = float(strength)
+        self.reset()
+
+    def reset(self) -> None:
+        self.hits = {s: np.zeros_like(p) for s, p in self.priors.items()}
+        self.trials = {s: np.zeros_like(p) for s, p in self.priors.items()}
+
+    def estimate(self, source: str, cells: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
+        """Acceptance probability of proposals in ``cells`` of ``source``; ``prior`` (one per
+        proposal) replaces the source's fixed prior means (hierarchical smoothing: a cell of a
+        finer source falls back to an estimate of a coarser one)."""
+        m = self.strength
+        mean = self.priors[source][cells] if prior is None else prior
+        return (self.hits[source][cells] + m * mean) / (self.trials[source][cells] + m)
+
+    def all_cells(self, source: str) -> np.ndarray:
+        """The estimate of every cell of ``source``."""
+        m = self.strength
+        return (self.hits[source] + m * self.priors[source]) / (self.trials[source] + m)
+
+    def record(self, source: str, cells: np.ndarray, accepted: np.ndarray) -> None:
+        """Count tested proposals of ``source`` (one per entry of ``cells``) and which were accepted."""
+        cells = np.asarray(cells, dtype=np.int64)
+        np.add.at(self.trials[source], cells, 1.0)
+        np.add.at(self.hits[source], cells, np.asarray(accepted, dtype=np.float64))

@@ -1,0 +1,234 @@
+"""The hybrid drafter: one token tree fed by every training-free source, under one budget.
+
+Sources of candidate children for a tree node (its path = the committed context + the draft tokens
+from the root down to it):
+
+- ``succ``: the successor table (:mod:`~probe_mtp.drafters.successors`, Token Recycling): the
+  model's own top-k next tokens after the node's last 1..``successor_order`` tokens, stored from
+  the latest pass that verified a node ending that way.  Every verified node, accepted or not,
+  refreshes the table; chains of lookups reach any depth.
+- ``ngram``: context lookup (:class:`~probe_mtp.drafters.context_match.ContextIndex`): the tokens
+  that followed every earlier occurrence of the path's last 1..``max_ngram`` tokens in prompt +
+  generated text, each with its longest match and its share of the votes.  Along a copied
+  passage the match grows with the depth, so this source proposes long chains.
+- ``mask``: the probe (ESP), when ``num_masks`` >= 1: mask j of the previous pass's deepest
+  accepted node proposes the nodes at depth j.
+
+Each proposal falls into a *cell* of its source (successor: key length x stored probability;
+context: match length x vote share; mask: depth x mask probability).  An online
+:class:`~probe_mtp.drafters.calibration.AcceptanceCalibrator` estimates, per cell, how often such
+proposals were accepted once their parent was: after every pass, all proposals made at the nodes
+of the accepted path are scored against the token the verifier chose there (also those that did
+not make it into the tree).  A token proposed by several sources takes the highest of their
+estimates (the sources are strongly correlated, so the estimates are not combined as if
+independent).  The tree is grown best-first (:func:`~probe_mtp.tree.grow_best_first`): the
+candidate with the highest estimated path probability is taken next, until
+``budget // (num_masks + 1) - 1`` draft nodes are taken.  Candidates are merged per token, so
+shared prefixes are one node.
+
+The tree is not drawn at random, so sampling uses sample-and-match (exact for any tree).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+import torch
+
+from ..step import top_candidates
+from ..tree import TokenTree, grow_best_first, node_budget
+from .base import Drafter, StepFeedback
+from .calibration import AcceptanceCalibrator
+from .context_match import ContextIndex
+from .successors import SuccessorTable
+
+SOURCES = ("succ", "ngram", "mask")
+SUCC, NGRAM, MASK = range(len(SOURCES))
+# which verified nodes refresh the successor table: every node (Token Recycling) or the accepted path
+LEARN_FROM = ("all", "accepted")
+# probability buckets of the successor and mask cells: [0, .1), [.1, .3), [.3, .6), [.6, .9), [.9, 1]
+PROB_EDGES = (0.1, 0.3, 0.6, 0.9)
+NUM_PROB_BUCKETS = len(PROB_EDGES) + 1
+# vote-share buckets of the context cells: 0 unanimous, 1 at least half, 2 less than half
+NUM_SHARE_BUCKETS = 3
+
+
+def _share_bucket(share: float) -> int:
+    return 0 if share >= 1.0 else (1 if share >= 0.5 else 2)
+
+
+def default_priors(successor_order: int, max_ngram: int, num_masks: int) -> dict[str, np.ndarray]:
+    """Prior acceptance rates of every cell before any evidence (worth a few proposals; the
+    observed rates take over within a few passes)."""
+    prob_mid = np.array([0.05, 0.2, 0.45, 0.75, 0.95])
+    succ = np.concatenate([min(0.6 + 0.2 * n, 0.9) * prob_mid for n in range(successor_order)])
+    by_length = np.minimum(0.2 + 0.15 * np.arange(max_ngram), 0.8)
+    ngram = (by_length[:, None] * np.array([1.0, 0.6, 0.3])[None, :]).reshape(-1)
+    mask = np.tile(0.6 * prob_mid, max(num_masks, 1))
+    return {"succ": succ, "ngram": ngram, "mask": mask}
+
+
+class HybridDrafter(Drafter):
+    """Best-first trees over the merged proposals of the successor table, context lookup and (with
+    ``num_masks`` >= 1) the probe masks; see the module docstring.
+
+    Knobs: ``top_k`` successors stored per key; keys of 1..``successor_order`` tokens;
+    context matches of 1..``max_ngram`` tokens, at most ``context_width`` tokens proposed per
+    node; ``prior_strength`` (in proposals) of the calibration priors; ``learn_from``: which
+    verified nodes refresh the successor table (``"all"`` or ``"accepted"``)."""
+
+    name = "hybrid"
+
+    def __init__(
+        self,
+        budget: int,
+        num_masks: int = 0,
+        top_k: int = 8,
+        successor_order: int = 2,
+        max_ngram: int = 4,
+        context_width: int = 8,
+        prior_strength: float = 4.0,
+        learn_from: str = "all",
+        prune_repeats: bool = True,
+    ):
+        super().__init__(budget)
+        if not isinstance(num_masks, int) or num_masks < 0:
+            raise ValueError(f"num_masks must be an integer >= 0, got {num_masks!r}")
+        self.num_masks = num_masks
+        node_budget(self.budget, self.num_masks)  # clear error when not even one node fits
+        if int(context_width) < 1:
+            raise ValueError(f"context_width must be >= 1, got {context_width!r}")
+        if learn_from not in LEARN_FROM:
+            raise ValueError(f"learn_from must be one of {LEARN_FROM}, got {learn_from!r}")
+        self.successors = SuccessorTable(top_k, successor_order)
+        self.context = ContextIndex(max_ngram)
+        self.context_width = int(context_width)
+        self.learn_from = learn_from
+        self.prune_repeats = bool(prune_repeats)
+        self.calibrator = AcceptanceCalibrator(
+            default_priors(self.successors.order, self.context.max_ngram, self.num_masks), prior_strength
+        )
+        self._tail_length = max(self.context.max_ngram, self.successors.order)
+        self._reset()
+
+    # ------------------------------------------------------------------ state
+    def _reset(self) -> None:
+        self.successors.reset()
+        self.context.reset()
+        self.calibrator.reset()
+        self._mask_candidates: list[tuple[list[int], list[int]]] = []  # per depth: tokens, cells
+        self._proposals: dict[int, dict[int, list[int]]] = {}
+        self._grown_index = np.zeros(1, dtype=np.int64)
+        self._root_tail: tuple[int, ...] = ()  # the last tokens of the context, root last
+
+    def start(self, prompt_ids: np.ndarray) -> None:
+        self._reset()
+        self._root_tail = tuple(np.asarray(prompt_ids).reshape(-1)[-self._tail_length :].tolist())  # the prefill's root
+
+    # ------------------------------------------------------------------ proposals
+    def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
+        context = np.asarray(context, dtype=np.int64)
+        self.context.extend(context)
+        # per source, the estimate of each cell, with a trailing 0.0 that cell -1 (not proposed) reads
+        succ, ngram, mask = (self.calibrator.all_cells(s).tolist() + [0.0] for s in SOURCES)
+        n = self._tail_length
+        # per taken node: its depth and the last n tokens of its path
+        depth = [0]
+        tail = [tuple(context[-n:].tolist())]
+        self._root_tail = tail[0]
+        proposals: dict[int, dict[int, list[int]]] = {}
+
+        def expand(node: int, parent: int, token: int) -> tuple[list[int], list[float]]:
+            if node:
+                depth.append(depth[parent] + 1)
+                tail.append((tail[parent] + (token,))[-n:])
+            found = proposals[node] = self._proposals_at(token, depth[node], tail[node])
+            probs = [max(succ[a], ngram[b], mask[c]) for a, b, c in found.values()]
+            return list(found), probs
+
+        tree, index = grow_best_first(int(root_token), expand, self.max_nodes)
+        self._proposals = proposals
+        self._grown_index = index
+        return tree
+
+    def _proposals_at(self, token: int, depth: int, tail: tuple[int, ...]) -> dict[int, list[int]]:
+        """The children proposed for one node: ``{token: [cell of each source, -1 if none]}``."""
+        found: dict[int, list[int]] = {}
+        # successors: the longest key's entry first; shorter keys add the tokens it lacks
+        previous = None
+        for n, entry in reversed(list(enumerate(self.successors.lookup(tail)))):
+            if entry is None or entry is previous:  # one row is stored under several keys
+                continue
+            previous = entry
+            base = n * NUM_PROB_BUCKETS
+            for tok, p in zip(*entry):
+                cells = found.get(tok)
+                if cells is None:
+                    found[tok] = [base + bisect_right(PROB_EDGES, p), -1, -1]
+        # context matches
+        tokens, length, share = self.context.votes(tail)
+        for tok, ln, sh in zip(tokens[: self.context_width], length, share):
+            cell = (ln - 1) * NUM_SHARE_BUCKETS + _share_bucket(sh)
+            cells = found.get(tok)
+            if cells is None:
+                found[tok] = [-1, cell, -1]
+            else:
+                cells[NGRAM] = cell
+        # the probe: mask j of the last pass's deepest accepted node proposes depth j
+        if depth < len(self._mask_candidates):
+            for tok, cell in zip(*self._mask_candidates[depth]):
+                if self.prune_repeats and tok == token:
+                    continue
+                cells = found.get(tok)
+                if cells is None:
+                    found[tok] = [-1, -1, cell]
+                else:
+                    cells[MASK] = cell
+        return found
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, feedback: StepFeedback) -> None:
+        tree = feedback.tree
+        accepted = np.asarray(feedback.accepted, dtype=np.int64)
+        truth = np.asarray(feedback.new_tokens, dtype=np.int64)
+        if not feedback.is_prefill:
+            self._calibrate(accepted, truth.tolist())
+        # successor table: every verified node; rejected nodes first, so the accepted path's
+        # (real-text) distributions win where both wrote the same key
+        if self.learn_from == "all":
+            rows = np.concatenate([np.setdiff1d(np.arange(tree.size), accepted), accepted])
+        else:
+            rows = accepted
+        tails = self._node_tails(tree)
+        logits = feedback.node_logits.index_select(0, torch.from_numpy(rows).to(feedback.node_logits.device))
+        self.successors.update([tails[r] for r in rows.tolist()], logits)
+        self._mask_candidates = []
+        if feedback.mask_logits is not None and self.num_masks:
+            toks, probs = top_candidates(feedback.mask_logits, self.successors.top_k + 1)
+            for j, (t, p) in enumerate(zip(toks, probs)):
+                cells = j * NUM_PROB_BUCKETS + np.searchsorted(PROB_EDGES, p, side="right")
+                self._mask_candidates.append((t.tolist(), cells.tolist()))
+
+    def _node_tails(self, tree: TokenTree) -> list[tuple[int, ...]]:
+        """The last tokens of every node's path (context + draft tokens)."""
+        n = self._tail_length
+        tails = [self._root_tail]
+        for parent, token in zip(tree.parents[1:].tolist(), tree.tokens[1:].tolist()):
+            tails.append((tails[parent] + (token,))[-n:])
+        return tails
+
+    def _calibrate(self, accepted: np.ndarray, truth: list[int]) -> None:
+        """Score the proposals made at every accepted node against the verifier's token there."""
+        grown_of = np.empty(self._grown_index.size, dtype=np.int64)
+        grown_of[self._grown_index] = np.arange(self._grown_index.size)
+        for i, node in enumerate(accepted.tolist()):
+            found = self._proposals.get(int(grown_of[node])) if node < grown_of.size else None
+            if not found or i >= len(truth):
+                continue
+            cells = np.array(list(found.values()), dtype=np.int64)  # [candidates, sources]
+            hit = np.fromiter(found.keys(), dtype=np.int64, count=len(found)) == truth[i]
+            for s, source in enumerate(SOURCES):
+                has = cells[:, s] >= 0
+                if has.any():
+                    self.calibrator.record(source, cells[has, s], hit[has])
