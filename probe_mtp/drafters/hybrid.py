@@ -120,6 +120,7 @@ class HybridDrafter(Drafter):
         self._mask_candidates: list[tuple[list[int], list[int]]] = []  # per depth: tokens, cells
         self._proposals: dict[int, dict[int, list[int]]] = {}
         self._grown_index = np.zeros(1, dtype=np.int64)
+        self._tree: TokenTree | None = None  # the last proposed tree
         self._root_tail: tuple[int, ...] = ()  # the last tokens of the context, root last
 
     def start(self, prompt_ids: np.ndarray) -> None:
@@ -150,7 +151,32 @@ class HybridDrafter(Drafter):
         tree, index = grow_best_first(int(root_token), expand, self.max_nodes)
         self._proposals = proposals
         self._grown_index = index
+        self._tree = tree
         return tree
+
+    def mask_free_nodes(self, tree: TokenTree) -> np.ndarray:
+        """For the adaptive budget: which nodes of the proposed ``tree`` the successor table or the
+        context lookup proposed (they need no masks on the previous pass)."""
+        grown_of = np.empty(self._grown_index.size, dtype=np.int64)
+        grown_of[self._grown_index] = np.arange(self._grown_index.size)
+        free = np.zeros(tree.size, dtype=bool)
+        for i in range(1, tree.size):
+            cells = self._proposals.get(int(grown_of[tree.parents[i]]), {}).get(int(tree.tokens[i]))
+            free[i] = cells is not None and (cells[0] >= 0 or cells[1] >= 0)
+        return free
+
+    def _to_proposed(self, tree: TokenTree, path: np.ndarray) -> np.ndarray:
+        """An accepted path of the verified ``tree`` as indices of the proposed tree (the adaptive
+        budget may have cut and renumbered it)."""
+        proposed = self._tree
+        if proposed is None or tree is proposed:
+            return path
+        out, cur = [0], 0
+        for node in path[1:].tolist():
+            kids = np.flatnonzero((proposed.parents == cur) & (proposed.tokens == tree.tokens[node]))
+            cur = int(kids[0])
+            out.append(cur)
+        return np.asarray(out, dtype=np.int64)
 
     def _proposals_at(self, token: int, depth: int, tail: tuple[int, ...]) -> dict[int, list[int]]:
         """The children proposed for one node: ``{token: [cell of each source, -1 if none]}``."""
@@ -193,7 +219,7 @@ class HybridDrafter(Drafter):
         accepted = np.asarray(feedback.accepted, dtype=np.int64)
         truth = np.asarray(feedback.new_tokens, dtype=np.int64)
         if not feedback.is_prefill:
-            self._calibrate(accepted, truth.tolist())
+            self._calibrate(self._to_proposed(tree, accepted), truth.tolist())
         # successor table: every verified node; rejected nodes first, so the accepted path's
         # (real-text) distributions win where both wrote the same key
         if self.learn_from == "all":
