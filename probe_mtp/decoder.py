@@ -15,9 +15,11 @@ import numpy as np
 import torch
 
 from .config import ProbeConfig
+from .confadapt import ConfAdaptRule, graft_chain
 from .drafters import Drafter, StepFeedback, make_drafter
 from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, embedding_stats, initial_mask_vectors
+from .tuned_masks import TunedMaskStore
 from .step import PassInputs, assemble_inputs, forward_pass
 from .tree import TokenTree, TreeLayout, esp_layout, prefill_layout
 from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
@@ -46,6 +48,7 @@ class DecodeStats:
     method: str = "esp"
     budget: int = 0
     num_masks: int = 0
+    unverified_tokens: int = 0  # committed by acceptance="confadapt" without verification
 
     @property
     def mean_accepted_length(self) -> float:
@@ -68,6 +71,7 @@ class DecodeStats:
             "mean_accepted_length": self.mean_accepted_length,
             "seconds": self.seconds,
             "prefill_seconds": self.prefill_seconds,
+            "unverified_tokens": self.unverified_tokens,
         }
 
 
@@ -111,6 +115,7 @@ class ProbeDecoder:
         self.embed = model.get_input_embeddings()
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()
         self._embedding_stats: EmbeddingStats | None = None
+        self._tuned = TunedMaskStore(model)
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
 
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs):
@@ -141,6 +146,8 @@ class ProbeDecoder:
         return self._embedding_stats
 
     def _mask_vectors(self, config: ProbeConfig, prompt: torch.Tensor, num_masks: int) -> MaskVectors:
+        if config.masks is not None:
+            return self._tuned.get(config.masks, num_masks).mask_vectors(self.embed, prompt, num_masks, config.mask_update)
         stats = self.embedding_stats() if config.mask_init == "sample" else None
         return initial_mask_vectors(
             config.mask_init,
@@ -184,6 +191,9 @@ class _Run:
         if req.do_sample and req.config.sampling_rule == "rejection" and hasattr(drafter, "use_draws"):
             drafter.use_draws(req.generator)
         self.masks = decoder._mask_vectors(req.config, prompt[0], self.k) if self.k else None
+        self.confadapt = ConfAdaptRule(req.config.threshold) if req.config.acceptance == "confadapt" else None
+        if self.confadapt is not None and req.do_sample:
+            raise ValueError("acceptance='confadapt' is a greedy rule; use do_sample=False (or acceptance='verify')")
         self.cache = new_cache(decoder.model)
         start_recording(self.cache)
 
@@ -245,6 +255,14 @@ class _Run:
             )
         )
 
+    def extend(self, new_tokens, token_scores, mask_logits):
+        """ConfAdapt (lossy, opt-in): append the confident run of unverified mask predictions."""
+        if self.confadapt is None:
+            return new_tokens, token_scores, mask_logits
+        new_tokens, token_scores, mask_logits, unverified = self.confadapt.extend(new_tokens, token_scores, mask_logits)
+        self.stats.unverified_tokens += unverified
+        return new_tokens, token_scores, mask_logits
+
     # ---------------------------------------------------------------- passes
     def prefill(self) -> None:
         """One pass over the prompt and k masks owned by its last token."""
@@ -261,10 +279,11 @@ class _Run:
         keep_accepted(self.cache, self.prompt_len + k, torch.arange(self.prompt_len, device=self.device))
         root = TokenTree.root_only(int(prompt[-1]))
         path, new_tokens, token_scores = self.choose(root, logits[:1], prompt)
+        new_tokens, token_scores, mask_logits = self.extend(new_tokens, token_scores, logits[1:] if k else None)
         if self.req.streamer is not None:
             self.req.streamer.put(prompt.cpu())
         self.commit(new_tokens.tolist(), token_scores)
-        self.feedback(root, path, new_tokens, logits[:1], logits[1:] if k else None, is_prefill=True)
+        self.feedback(root, path, new_tokens, logits[:1], mask_logits, is_prefill=True)
         if self.masks is not None:
             self.masks.update(dec.embed(torch.tensor(new_tokens, device=self.device)))
 
@@ -273,15 +292,19 @@ class _Run:
         context = self.sequence[0]
         root = int(context[-1])
         tree = self.drafter.propose(root, context.cpu().numpy())
-        layout = dec.layout(tree, k)
-        inputs = assemble_inputs(dec.embed, tree, layout, self.masks, self.length - 1, self.cache, dec.fmt)
+        pending = self.confadapt.pending if self.confadapt is not None else []  # committed, not cached
+        m = len(pending)
+        full = graft_chain(pending, tree)
+        layout = dec.layout(full, k)
+        inputs = assemble_inputs(dec.embed, full, layout, self.masks, self.length - 1 - m, self.cache, dec.fmt)
         logits = forward_pass(dec.model, self.cache, inputs)
         self.stats.forward_passes += 1
-        node_logits = logits[: tree.size]
+        node_logits = logits[m : full.size]
         path, new_tokens, token_scores = self.choose(tree, node_logits, context)
-        keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(path).to(self.device))
+        keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(np.concatenate([np.arange(m), path + m])).to(self.device))
+        mask_logits = logits[layout.mask_slots(int(path[-1]) + m)] if k else None
+        new_tokens, token_scores, mask_logits = self.extend(new_tokens, token_scores, mask_logits)
         self.stats.accepted_lengths.append(self.commit(new_tokens.tolist(), token_scores))
-        mask_logits = logits[layout.mask_slots(int(path[-1]))] if k else None
         self.feedback(tree, path, new_tokens, node_logits, mask_logits)
         if self.masks is not None and not self.done:
             self.masks.update(dec.embed(torch.from_numpy(new_tokens).to(self.device)))
