@@ -90,10 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(g)
     add_probe_arguments(g)
     g.set_defaults(func=cmd_generate)
+    from .distill.cli import add_tune_parser
     from .report.cli import add_bench_parser, add_report_parser
 
     add_report_parser(sub)
     add_bench_parser(sub)
+    add_tune_parser(sub)
     return parser
 
 

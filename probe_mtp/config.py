@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, fields, replace
 
 from .tree import min_block_complexity
 
 MASK_INITS = ("prompt_mean", "last_k", "sample", "token")
 SAMPLING_RULES = ("match", "rejection")
+ACCEPTANCE_RULES = ("verify", "confadapt")
 DRAFTERS = ("esp", "hybrid", "pld", "lookahead", "stand", "ar")
 # drafters that append no mask inputs: ``num_masks`` is validated but does not apply to them
 MASK_FREE_DRAFTERS = ("pld", "lookahead", "stand", "ar")
@@ -47,6 +50,13 @@ class ProbeConfig:
       (lookahead decoding), ``"stand"`` (n-gram memory of the model's logits) and ``"ar"`` (plain
       one-token decoding through the same loop).  The baselines ignore ``num_masks``; their trees
       hold at most ``budget`` nodes, the root included.
+    - ``masks``: tuned mask vectors (a file written by ``probe-mtp tune-masks``, or a loaded
+      :class:`probe_mtp.tuned_masks.TunedMasks`) instead of ``mask_init``; ``mask_update`` still
+      applies on top.  Checked against the model: vectors of another model are a ``ValueError``.
+    - ``acceptance``: ``"verify"`` (lossless, default) or ``"confadapt"`` (LOSSY, greedy only:
+      after verification also emit the longest run of mask predictions whose top-1 probability is
+      at least ``threshold``, unverified; see :mod:`probe_mtp.confadapt`).
+    - ``threshold``: ConfAdapt's confidence threshold (a value above 1 never emits).
     """
 
     num_masks: int = 1
@@ -61,6 +71,9 @@ class ProbeConfig:
     prune_repeats: bool = True
     drafter: str = "esp"
     sampling_rule: str = "match"
+    masks: object = None
+    acceptance: str = "verify"
+    threshold: float = 0.9
 
     def __post_init__(self) -> None:
         fewest_masks = 0 if self.drafter in MASKS_OPTIONAL_DRAFTERS else 1
@@ -98,6 +111,22 @@ class ProbeConfig:
             raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+        self._check_tuning_knobs()
+
+    def _check_tuning_knobs(self) -> None:
+        from .tuned_masks import TunedMasks
+
+        if self.masks is not None and not isinstance(self.masks, (str, os.PathLike, TunedMasks)):
+            raise TypeError(f"masks must be a path to a tuned mask file (or a TunedMasks), got {type(self.masks).__name__}")
+        if self.acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {self.acceptance!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not self.threshold >= 0 \
+                or not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a number >= 0 (ConfAdapt's top-1 probability bound), got {self.threshold!r}")
+        if self.acceptance == "confadapt" and self.drafter in MASK_FREE_DRAFTERS:
+            raise ValueError(
+                f"acceptance='confadapt' emits mask predictions, but drafter={self.drafter!r} uses no masks; use drafter='esp'"
+            )
 
     @property
     def adaptive(self) -> bool:

@@ -16,6 +16,7 @@ import torch
 
 from .adaptive import AdaptiveBudget, FixedBudget
 from .config import ProbeConfig
+from .confadapt import ConfAdaptRule, graft_chain
 from .cost import CostCurve, cost_curve_for
 from .drafters import Drafter, StepFeedback, make_drafter
 from .head import SplitHead
@@ -23,6 +24,7 @@ from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, sta
 from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
 from .step import PassInputs, assemble_inputs, backbone_pass, forward_pass
 from .tree import TokenTree, TreeLayout, esp_layout, pad_layout, prefill_layout
+from .tuned_masks import TunedMaskStore
 from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
 
 LAYOUT_CACHE_SIZE = 256
@@ -52,6 +54,7 @@ class DecodeStats:
     budget: int | str = 0
     num_masks: int = 0
     choices: dict = field(default_factory=dict)
+    unverified_tokens: int = 0  # committed by acceptance="confadapt" without verification
 
     @property
     def mean_accepted_length(self) -> float:
@@ -86,6 +89,7 @@ class DecodeStats:
             "forward_seconds": self.forward_seconds,
             "inputs_per_pass": list(self.inputs_per_pass),
             "choices": dict(self.choices),
+            "unverified_tokens": self.unverified_tokens,
         }
 
 
@@ -131,6 +135,7 @@ class ProbeDecoder:
         self._embedding_stats: EmbeddingStats | None = None
         self._split_head: SplitHead | None = None
         self._cost_curves: dict[bool, CostCurve] = {}
+        self._tuned = TunedMaskStore(model)
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
 
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs):
@@ -175,7 +180,8 @@ class ProbeDecoder:
         return self._cost_curves[key]
 
     def budget_policy(self, config: ProbeConfig, drafter: Drafter):
-        if not config.adaptive:
+        if not config.adaptive or config.acceptance == "confadapt":
+            # ConfAdapt reads every step's masks: it keeps the drafter's full tree and masks
             return FixedBudget(drafter.num_masks)
         return AdaptiveBudget(
             self.cost_curve(config),
@@ -190,6 +196,8 @@ class ProbeDecoder:
         return self._embedding_stats
 
     def _mask_vectors(self, config: ProbeConfig, prompt: torch.Tensor, num_masks: int) -> MaskVectors:
+        if config.masks is not None:
+            return self._tuned.get(config.masks, num_masks).mask_vectors(self.embed, prompt, num_masks, config.mask_update)
         stats = self.embedding_stats() if config.mask_init == "sample" else None
         return config_mask_vectors(config, self.embed, prompt, num_masks, stats)
 
@@ -224,6 +232,9 @@ class _Run:
         if req.do_sample and req.config.sampling_rule == "rejection" and hasattr(drafter, "use_draws"):
             drafter.use_draws(req.generator)
         self.masks = decoder._mask_vectors(req.config, prompt[0], self.k) if self.k else None
+        self.confadapt = ConfAdaptRule(req.config.threshold) if req.config.acceptance == "confadapt" else None
+        if self.confadapt is not None and req.do_sample:
+            raise ValueError("acceptance='confadapt' is a greedy rule; use do_sample=False (or acceptance='verify')")
         self.cache = new_cache(decoder.model)
         start_recording(self.cache)
         self.policy = decoder.budget_policy(req.config, drafter)
@@ -287,6 +298,14 @@ class _Run:
             )
         )
 
+    def extend(self, new_tokens, token_scores, mask_logits):
+        """ConfAdapt (lossy, opt-in): append the confident run of unverified mask predictions."""
+        if self.confadapt is None:
+            return new_tokens, token_scores, mask_logits
+        new_tokens, token_scores, mask_logits, unverified = self.confadapt.extend(new_tokens, token_scores, mask_logits)
+        self.stats.unverified_tokens += unverified
+        return new_tokens, token_scores, mask_logits
+
     # ---------------------------------------------------------------- passes
     def prefill(self) -> None:
         """One pass over the prompt and k masks owned by its last token."""
@@ -303,10 +322,11 @@ class _Run:
         keep_accepted(self.cache, self.prompt_len + k, torch.arange(self.prompt_len, device=self.device))
         root = TokenTree.root_only(int(prompt[-1]))
         path, new_tokens, token_scores = self.choose(root, logits[:1], prompt)
+        new_tokens, token_scores, mask_logits = self.extend(new_tokens, token_scores, logits[1:] if k else None)
         if self.req.streamer is not None:
             self.req.streamer.put(prompt.cpu())
         self.commit(new_tokens.tolist(), token_scores)
-        self.feedback(root, path, new_tokens, logits[:1], logits[1:] if k else None, is_prefill=True)
+        self.feedback(root, path, new_tokens, logits[:1], mask_logits, is_prefill=True)
         if self.masks is not None:
             self.masks.update(dec.embed(torch.tensor(new_tokens, device=self.device)))
 
@@ -334,14 +354,20 @@ class _Run:
         root = int(context[-1])
         plan = self.policy.plan(self.drafter.propose(root, context.cpu().numpy()))
         tree, k = plan.tree, plan.num_masks
-        layout = dec.layout(tree, k, plan.pad_to)
-        inputs = assemble_inputs(dec.embed, tree, layout, self.masks if k else None, self.length - 1, self.cache, dec.fmt)
-        node_logits, masks_of = self.verify_pass(tree, layout, inputs)
+        pending = self.confadapt.pending if self.confadapt is not None else []  # committed, not cached
+        m = len(pending)
+        full = graft_chain(pending, tree) if m else tree
+        layout = dec.layout(full, k, 0 if m else plan.pad_to)
+        inputs = assemble_inputs(dec.embed, full, layout, self.masks if k else None, self.length - 1 - m, self.cache, dec.fmt)
+        full_logits, masks_of = self.verify_pass(full, layout, inputs)
+        node_logits = full_logits[m:]
         path, new_tokens, token_scores = self.choose(tree, node_logits, context)
         self.policy.observe(tree, path)
-        keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(path).to(self.device))
+        keep = np.concatenate([np.arange(m), path + m]) if m else path
+        keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(keep).to(self.device))
+        mask_logits = masks_of(int(path[-1]) + m) if k else None
+        new_tokens, token_scores, mask_logits = self.extend(new_tokens, token_scores, mask_logits)
         self.stats.accepted_lengths.append(self.commit(new_tokens.tolist(), token_scores))
-        mask_logits = masks_of(int(path[-1])) if k else None
         self.feedback(tree, path, new_tokens, node_logits, mask_logits)
         if self.masks is not None and not self.done:
             self.masks.update(dec.embed(torch.from_numpy(new_tokens).to(self.device)))

@@ -35,6 +35,8 @@ def generate(model, input_ids: torch.Tensor | None = None, *, streamer=None, dec
 
     - probe knobs: :class:`ProbeConfig` fields (``num_masks``, ``budget``, ``mask_init``, ...),
       or ``config=ProbeConfig(...)``; ``drafter`` may be a name or a :class:`Drafter` instance;
+      ``masks=PATH`` uses mask vectors tuned by ``probe-mtp tune-masks`` (still lossless);
+      ``acceptance="confadapt", threshold=0.9`` is the opt-in LOSSY ConfAdapt rule;
     - ``generator``: a ``torch.Generator`` for reproducible sampling (else the global seed);
     - ``decoder``: a :class:`ProbeDecoder` to reuse across calls (cached layouts, statistics).
 
@@ -112,6 +114,9 @@ def custom_generate(
     prune_repeats: bool | None = None,
     drafter: str | Drafter | None = None,
     sampling_rule: str | None = None,
+    masks=None,
+    acceptance: str | None = None,
+    threshold: float | None = None,
     **model_kwargs,
 ):
     """``model.generate(input_ids, custom_generate=probe_mtp.custom_generate, ...)``.
@@ -131,7 +136,7 @@ def custom_generate(
             num_masks=num_masks, budget=budget, max_budget=max_budget, cost_curve=cost_curve,
             cost_cache=cost_cache, mask_init=mask_init, mask_update=mask_update,
             mask_token=mask_token, mask_seed=mask_seed, prune_repeats=prune_repeats,
-            sampling_rule=sampling_rule,
+            sampling_rule=sampling_rule, masks=masks, acceptance=acceptance, threshold=threshold,
         ).items()
         if value is not None
     }

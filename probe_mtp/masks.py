@@ -37,12 +37,21 @@ def embedding_stats(embed: torch.nn.Module, vocab_size: int, chunk: int = 8192) 
 
 
 class MaskVectors:
-    """The k mask vectors of one generation, ``[k, H]`` in the model's dtype, with the EMA update."""
+    """The k mask vectors of one generation, ``[k, H]`` in the model's dtype, with the EMA update.
 
-    def __init__(self, vectors: torch.Tensor, ema: float):
-        self.vectors = vectors
+    ``offsets`` (``[k, H]``, optional): fixed vectors added to the running average, which the EMA
+    update leaves alone (tuned masks in relative mode, see :mod:`probe_mtp.tuned_masks`)."""
+
+    def __init__(self, vectors: torch.Tensor, ema: float, offsets: torch.Tensor | None = None):
         self.ema = float(ema)
         self._acc = vectors.double()  # the running average, kept in float64 so that updates don't drift
+        self._offsets = None if offsets is None else offsets.double()
+        self._dtype = vectors.dtype
+        self.vectors = self._compose() if offsets is not None else vectors
+
+    def _compose(self) -> torch.Tensor:
+        total = self._acc if self._offsets is None else self._acc + self._offsets
+        return total.to(self._dtype)
 
     @property
     def num_masks(self) -> int:
@@ -57,7 +66,7 @@ class MaskVectors:
         # closed form of t sequential updates: m_t = (1-l)^t m + sum_i l (1-l)^(t-1-i) e_i
         weights = lam * (1.0 - lam) ** torch.arange(t - 1, -1, -1, dtype=torch.float64, device=token_embeds.device)
         self._acc = (1.0 - lam) ** t * self._acc + (weights[:, None] * token_embeds.double()).sum(0)[None, :]
-        self.vectors = self._acc.to(self.vectors.dtype)
+        self.vectors = self._compose()
 
 
 def initial_mask_vectors(

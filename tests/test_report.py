@@ -103,6 +103,11 @@ def _rec(label, task, qid, seconds, lengths, new=None, passes=None, identical=Tr
         "tokens_per_second": new / seconds,
         "identical_to_greedy": identical,
         "first_mismatch": None if identical else 0,
+        "masks": None,
+        "acceptance": "verify",
+        "matching_tokens": new if identical else 1,
+        "compared_tokens": new,
+        "agreement": 1.0 if identical else 1 / new,
     }
 
 
@@ -136,6 +141,7 @@ def test_aggregation_per_task_and_overall():
     assert esp_a["speedup_vs_greedy"] == pytest.approx((4.0 + 6.0) / (2.0 + 3.0))
     assert esp_a["speedup_vs_hf_pld"] == pytest.approx((5.0 + 3.0) / (2.0 + 3.0))
     assert esp_a["identical"] == 1 and not esp_a["all_identical"]
+    assert esp_a["agreement"] == pytest.approx((8 + 1) / (8 + 4))  # pooled over tokens
 
     pld_a = rows[("a", HF_PLD)]
     assert pld_a["tau"] is None  # one record without accepted lengths: n/a rather than a guess
@@ -182,6 +188,9 @@ SETTINGS_TYPES = {
     "seed": int,
     "warmup_tokens": int,
     "hf_pld_tokens": int,
+    "masks": list,
+    "acceptance": list,
+    "threshold": float,
 }
 ENVIRONMENT_TYPES = {
     "torch_threads": int,
@@ -222,11 +231,16 @@ RECORD_TYPES = {
     "tokens_per_second": OPT_NUM,
     "identical_to_greedy": bool,
     "first_mismatch": OPT_INT,
+    "masks": (str, type(None)),
+    "acceptance": str,
+    "matching_tokens": int,
+    "compared_tokens": int,
+    "agreement": (int, float),
 }
 SUMMARY_KEYS = {
     "task", "label", "method", "kind", "budget", "num_masks", "n", "new_tokens", "forward_passes", "steps",
     "tau", "tokens_per_pass", "seconds", "tokens_per_second", "speedup_vs_greedy", "speedup_vs_hf_pld",
-    "identical", "all_identical",
+    "identical", "all_identical", "agreement",
 }
 
 
@@ -334,3 +348,46 @@ def test_console_script_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "overall" in proc.stdout
     check_schema(json.loads((out / "report.json").read_text()))
+
+
+def test_mask_and_acceptance_variants_are_labelled():
+    from probe_mtp.report.harness import mask_variants
+
+    settings = ReportSettings(methods=("esp",), acceptance=("verify", "confadapt"), threshold=0.9)
+    assert mask_variants(settings) == [("", {}), (" confadapt@0.9", {"acceptance": "confadapt", "threshold": 0.9})]
+    with pytest.raises(FileNotFoundError, match="tuned mask file"):
+        ReportSettings(methods=("esp",), masks=("missing/masks.safetensors",))
+    with pytest.raises(ValueError, match="acceptance"):
+        ReportSettings(methods=("esp",), acceptance=("nope",))
+
+
+def test_report_with_tuned_masks_and_confadapt(smollm2, tmp_path):
+    """--masks (twice) x --acceptance verify,confadapt: four esp variants next to the baselines; the
+    lossless ones agree with greedy, ConfAdapt at threshold 0 emits its masks at prefill."""
+    import torch
+
+    from probe_mtp.tuned_masks import ModelIdentity, TunedMasks
+
+    identity = ModelIdentity.of(smollm2[0])
+    h = identity.hidden_size
+    path = TunedMasks(torch.zeros(h), torch.zeros(1, h), "relative", identity, {}).save(tmp_path / "zero" / "masks.safetensors")
+    out = tmp_path / "rep"
+    args = build_parser().parse_args(
+        ["report", "--tasks", "qa", "--limit", "1", "--max-new-tokens", "12", "--methods", "esp", "--masks", "prompt_mean",
+         "--masks", str(path), "--acceptance", "verify,confadapt", "--threshold", "0", "--warmup-tokens", "2",
+         "--out", str(out), "--no-progress", "--no-plots"]
+    )
+    assert cmd_report(args, loaded=smollm2) == 0
+    doc = json.loads((out / "report.json").read_text())
+    check_schema(doc)
+    assert doc["methods"] == [GREEDY, HF_PLD, "esp BC=30", "esp BC=30 confadapt@0", "esp BC=30 tuned:zero",
+                              "esp BC=30 tuned:zero confadapt@0"]
+    by_label = {r["label"]: r for r in doc["records"]}
+    for label in ("esp BC=30", "esp BC=30 tuned:zero"):
+        assert by_label[label]["identical_to_greedy"] and by_label[label]["agreement"] == 1.0
+    for label in ("esp BC=30 confadapt@0", "esp BC=30 tuned:zero confadapt@0"):
+        r = by_label[label]
+        assert r["acceptance"] == "confadapt" and r["first_pass_tokens"] == 2  # verified token + mask 1
+        assert 0.0 <= r["agreement"] <= 1.0
+    assert by_label["esp BC=30 tuned:zero"]["masks"] == str(path)
+    assert "Agreement with greedy per task" in (out / "summary.md").read_text()

@@ -43,6 +43,14 @@ def add_run_arguments(r, budget: str, limit: int, tokens: int) -> None:
     r.add_argument("--methods", default=None,
                    help="comma list of probe-mtp drafters (default: every available one); model.generate and "
                    "transformers' prompt lookup are always measured")
+    r.add_argument("--masks", action="append", default=None, metavar="PATH",
+                   help="mask vectors tuned by `probe-mtp tune-masks` for the mask drafters (esp); repeat to compare "
+                   "several, 'prompt_mean' for the untuned default (default: prompt_mean only)")
+    r.add_argument("--acceptance", default="verify",
+                   help="comma list of acceptance rules for the mask drafters: verify (lossless, default) and/or "
+                   "confadapt (LOSSY: also emits unverified confident mask predictions); e.g. verify,confadapt "
+                   "measures both side by side")
+    r.add_argument("--threshold", type=float, default=0.9, help="ConfAdapt's top-1 probability threshold (default 0.9)")
     r.add_argument("--seed", type=int, default=0, help="torch seed and the masks' sampling seed (default 0)")
     r.add_argument("--warmup-tokens", type=int, default=16,
                    help="tokens of the untimed warm-up generation of each method (default 16)")
@@ -56,12 +64,14 @@ def add_run_arguments(r, budget: str, limit: int, tokens: int) -> None:
 
 def settings_from_args(args):
     """Validated :class:`ReportSettings` (raises ValueError before any model is loaded)."""
-    from .harness import ReportSettings, parse_budgets, resolve_methods
+    from .harness import PROMPT_MEAN, ReportSettings, parse_budgets, resolve_methods
 
     tasks = None
     if args.tasks:
         tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) or None
     dtype = str(args.dtype).removeprefix("torch.")
+    masks = tuple(None if m in (PROMPT_MEAN, "none") else m for m in (args.masks or [PROMPT_MEAN]))
+    acceptance = tuple(dict.fromkeys(a.strip() for a in args.acceptance.split(",") if a.strip()))
     return ReportSettings(
         model=args.model or DEFAULT_MODEL,
         dtype=dtype,
@@ -74,6 +84,9 @@ def settings_from_args(args):
         num_masks=args.num_masks,
         seed=args.seed,
         warmup_tokens=args.warmup_tokens,
+        masks=tuple(dict.fromkeys(masks)),
+        acceptance=acceptance,
+        threshold=args.threshold,
     )
 
 

@@ -21,6 +21,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -38,6 +39,8 @@ PLANNED_DRAFTERS = ("esp", "hybrid", "pld", "lookahead", "stand", "ar")
 # Drafters whose trees do not depend on the budget (plain one-token decoding): run once per sweep.
 BUDGET_FREE_DRAFTERS = ("ar",)
 SCHEMA = "probe-mtp-report/1"
+PROMPT_MEAN = "prompt_mean"
+"""``--masks`` value (and record entry) for the untuned prompt-mean mask vectors."""
 
 
 # --------------------------------------------------------------------------- settings
@@ -122,6 +125,9 @@ class ReportSettings:
     seed: int = 0
     warmup_tokens: int = 16
     hf_pld_tokens: int = 10
+    masks: tuple[str | None, ...] = (None,)
+    acceptance: tuple[str, ...] = ("verify",)
+    threshold: float = 0.9
 
     def __post_init__(self) -> None:
         if self.limit < 0:
@@ -130,6 +136,13 @@ class ReportSettings:
             raise ValueError(f"--warmup-tokens must be >= 1 (every method is warmed up), got {self.warmup_tokens}")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.masks or not self.acceptance:
+            raise ValueError("--masks and --acceptance need at least one value each")
+        for path in self.masks:
+            if path is not None and not Path(path).is_file():
+                raise FileNotFoundError(f"tuned mask file not found: {path}")
+        for rule in self.acceptance:
+            _config.ProbeConfig(acceptance=rule, threshold=self.threshold)
         for m in self.methods:
             for b in self.budgets:
                 # the decoder's own validation, before any model is loaded
@@ -140,6 +153,8 @@ class ReportSettings:
         d["tasks"] = list(self.tasks) if self.tasks is not None else None
         d["methods"] = list(self.methods)
         d["budgets"] = list(self.budgets)
+        d["masks"] = [m if m is not None else PROMPT_MEAN for m in self.masks]
+        d["acceptance"] = list(self.acceptance)
         d["prompts"] = self.prompts if self.prompts is not None else "bundled Spec-Bench (probe_mtp/data/specbench/question.jsonl)"
         return d
 
@@ -221,6 +236,8 @@ class Method:
     budget: int | None = None
     num_masks: int | None = None
     run: Callable[[torch.Tensor, int], Run] = field(default=None, repr=False)
+    masks: str | None = None  # tuned mask file, None: prompt-mean (or no masks)
+    acceptance: str = "verify"
 
 
 def _hf_method(model, name: str, label: str, **generate_kwargs) -> Method:
@@ -246,8 +263,11 @@ def _hf_method(model, name: str, label: str, **generate_kwargs) -> Method:
 
 
 def _probe_method(
-    decoder, drafter: str, budget, num_masks: int, seed: int, label: str, recorded_budget, recorded_masks
+    decoder, drafter: str, budget, num_masks: int, seed: int, label: str, recorded_budget, recorded_masks,
+    variant: dict | None = None,
 ) -> Method:
+    variant = variant or {}
+
     def run(ids: torch.Tensor, max_new_tokens: int) -> Run:
         t0 = time.perf_counter()
         out = decoder.generate(
@@ -258,14 +278,39 @@ def _probe_method(
             budget=budget,
             num_masks=num_masks,
             mask_seed=seed,
+            **variant,
         )
         seconds = time.perf_counter() - t0
         s = out.stats
         tokens = out.sequences[0, ids.shape[1]:].tolist()
-        return Run(tokens, seconds, s.forward_passes, list(s.accepted_lengths), s.prefill_seconds, 1 if tokens else 0,
+        first = len(tokens) - sum(s.accepted_lengths)  # 1, or more when confadapt emits at prefill
+        return Run(tokens, seconds, s.forward_passes, list(s.accepted_lengths), s.prefill_seconds, first,
                    s.forward_seconds, list(s.inputs_per_pass))
 
-    return Method(drafter, label, "probe", recorded_budget, recorded_masks, run)
+    return Method(drafter, label, "probe", recorded_budget, recorded_masks, run,
+                  masks=variant.get("masks"), acceptance=variant.get("acceptance", "verify"))
+
+
+def masks_label(path: str) -> str:
+    """A short name for a tuned mask file: its stem, or its folder's name for ``masks.safetensors``."""
+    p = Path(path)
+    return p.parent.name if p.stem == "masks" and p.parent.name else p.stem
+
+
+def mask_variants(settings: ReportSettings) -> list[tuple[str, dict]]:
+    """``(label suffix, generate kwargs)`` for every tuned-mask source x acceptance rule."""
+    out = []
+    for source in settings.masks:
+        for rule in settings.acceptance:
+            suffix, kwargs = "", {}
+            if source is not None:
+                suffix += f" tuned:{masks_label(source)}"
+                kwargs["masks"] = source
+            if rule != "verify":
+                suffix += f" {rule}@{settings.threshold:g}"
+                kwargs.update(acceptance=rule, threshold=settings.threshold)
+            out.append((suffix, kwargs))
+    return out
 
 
 def build_methods(model, tokenizer, settings: ReportSettings) -> list[Method]:
@@ -286,10 +331,12 @@ def build_methods(model, tokenizer, settings: ReportSettings) -> list[Method]:
                 methods.append(_probe_method(decoder, drafter, settings.budgets[0], settings.num_masks,
                                              settings.seed, drafter, recorded_budget=None, recorded_masks=k))
                 continue
+            variants = mask_variants(settings) if k else [("", {})]
             for budget in settings.budgets:
-                label = f"{drafter} BC={budget}{k_label}"
-                methods.append(_probe_method(decoder, drafter, budget, settings.num_masks, settings.seed, label,
-                                             recorded_budget=budget, recorded_masks=k))
+                for suffix, variant in variants:
+                    label = f"{drafter} BC={budget}{k_label}{suffix}"
+                    methods.append(_probe_method(decoder, drafter, budget, settings.num_masks, settings.seed, label,
+                                                 recorded_budget=budget, recorded_masks=k, variant=variant))
     return methods
 
 
@@ -362,11 +409,18 @@ def _first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def matching_tokens(tokens: list[int], reference: list[int]) -> int:
+    """Positions where ``tokens`` and ``reference`` hold the same token."""
+    return sum(1 for a, b in zip(tokens, reference) if a == b)
+
+
 def _record(method: Method, prompt: Prompt, turn: int, prompt_tokens: int, run: Run, reference: list[int], order: int) -> dict:
     tau = None
     if run.accepted_lengths:
         tau = sum(run.accepted_lengths) / len(run.accepted_lengths)
     mismatch = _first_mismatch(run.tokens, reference)
+    compared = max(len(run.tokens), len(reference))
+    matching = matching_tokens(run.tokens, reference)
     return {
         "method": method.name,
         "label": method.label,
@@ -391,6 +445,11 @@ def _record(method: Method, prompt: Prompt, turn: int, prompt_tokens: int, run: 
         "tokens_per_second": len(run.tokens) / run.seconds if run.seconds > 0 else None,
         "identical_to_greedy": mismatch is None,
         "first_mismatch": mismatch,
+        "masks": method.masks if method.masks is None else str(method.masks),
+        "acceptance": method.acceptance,
+        "matching_tokens": matching,
+        "compared_tokens": compared,
+        "agreement": matching / compared if compared else 1.0,
     }
 
 

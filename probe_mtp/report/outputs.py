@@ -34,6 +34,11 @@ RECORD_FIELDS = (
     "tokens_per_second",
     "identical_to_greedy",
     "first_mismatch",
+    "masks",
+    "acceptance",
+    "matching_tokens",
+    "compared_tokens",
+    "agreement",
 )
 
 
@@ -112,19 +117,20 @@ def markdown_summary(report: Report) -> str:
         "- tau: accepted tokens per decoding step (prefill excluded); tokens/pass: new tokens per forward "
         "pass (prefill included); speedups: total time of the baseline / total time of the method over the "
         "same turns (prefill included, one warm-up per method, method order rotated per turn); "
-        "identical: outputs equal to `model.generate` greedy.",
+        "identical: outputs equal to `model.generate` greedy; agreement: tokens equal to greedy's at the same "
+        "position (1.00 for every lossless method; `confadapt` is lossy).",
         "",
         "## Overall",
         "",
-        "| method | tau | tokens/pass | speedup vs generate | speedup vs hf-pld | identical to greedy |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| method | tau | tokens/pass | speedup vs generate | speedup vs hf-pld | identical to greedy | agreement |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in summary:
         if row["task"] == OVERALL:
             lines.append(
                 f"| {row['label']} | {fmt(row['tau'])} | {fmt(row['tokens_per_pass'])} | "
                 f"{fmt(row['speedup_vs_greedy'], suffix='x')} | {fmt(row['speedup_vs_hf_pld'], suffix='x')} | "
-                f"{_identical(row)} |"
+                f"{_identical(row)} | {fmt(row.get('agreement'), 3)} |"
             )
     tasks = _tasks(summary)
     labels = _labels(summary)
@@ -134,6 +140,7 @@ def markdown_summary(report: Report) -> str:
         ("Speedup over model.generate greedy per task", "speedup_vs_greedy", "x"),
         ("Speedup over transformers' prompt lookup per task", "speedup_vs_hf_pld", "x"),
         ("Identical to greedy per task", None, ""),
+        ("Agreement with greedy per task (fraction of equal tokens)", "agreement", ""),
     ):
         lines += ["", f"## {title}", "", "| method | " + " | ".join(tasks) + " |", "| --- |" + " --- |" * len(tasks)]
         for label in labels:
@@ -143,7 +150,7 @@ def markdown_summary(report: Report) -> str:
                 if row is None:
                     cells.append("")
                 else:
-                    cells.append(_identical(row) if key is None else fmt(row[key], suffix=suffix))
+                    cells.append(_identical(row) if key is None else fmt(row.get(key), 3 if key == "agreement" else 2, suffix))
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -189,6 +196,7 @@ def rich_table(report: Report):
         ("x generate", "right"),
         ("x hf-pld", "right"),
         ("identical", "right"),
+        ("agree", "right"),
     ):
         table.add_column(col, justify=justify, no_wrap=True)
     summary = report.summary
@@ -218,5 +226,6 @@ def rich_table(report: Report):
                 speed,
                 fmt(row["speedup_vs_hf_pld"], suffix="x"),
                 ident,
+                fmt(row.get("agreement"), 3),
             )
     return table

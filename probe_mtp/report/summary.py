@@ -9,7 +9,10 @@ For a method (a record ``label``) over a set of prompt turns:
 - ``tokens_per_second`` = new tokens / seconds (prefill included);
 - ``speedup_vs_greedy`` / ``speedup_vs_hf_pld`` = total seconds of the baseline over the same
   prompt turns / total seconds of the method (turns the baseline lacks are left out of both sums);
-- ``identical`` = turns whose output equals ``model.generate`` greedy's, out of ``n``.
+- ``identical`` = turns whose output equals ``model.generate`` greedy's, out of ``n``;
+- ``agreement`` = tokens equal to greedy's at the same position / tokens compared (the longer of
+  the two outputs per turn), pooled over the turns: 1.0 for lossless methods, what a lossy rule
+  such as ConfAdapt costs otherwise (None where a record lacks the counts).
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ def aggregate(rs: list[dict], greedy_seconds: dict[tuple, float], pld_seconds: d
     else:
         steps, tau = None, None
     identical = sum(1 for r in rs if r["identical_to_greedy"])
+    counts = [(r.get("matching_tokens"), r.get("compared_tokens")) for r in rs]
+    agreement = None
+    if rs and all(m is not None and c is not None for m, c in counts):
+        compared = sum(c for _, c in counts)
+        agreement = sum(m for m, _ in counts) / compared if compared else 1.0
     return {
         "n": n,
         "new_tokens": new_tokens,
@@ -64,6 +72,7 @@ def aggregate(rs: list[dict], greedy_seconds: dict[tuple, float], pld_seconds: d
         "speedup_vs_hf_pld": _ratio(pld_seconds, rs),
         "identical": identical,
         "all_identical": identical == n,
+        "agreement": agreement,
     }
 
 

@@ -1,0 +1,1 @@
+"""Self-distillation of the mask vectors (``probe-mtp tune-masks``)."""

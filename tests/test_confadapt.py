@@ -1,0 +1,175 @@
+"""ConfAdapt (acceptance="confadapt"): the opt-in lossy rule emits exactly what it says, and nothing
+changes when it never fires."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from probe_mtp import ProbeConfig, ProbeDecoder
+from probe_mtp.confadapt import ConfAdaptRule, confident_run, graft_chain
+from probe_mtp.tree import TokenTree
+
+from conftest import chat_ids
+
+PROMPTS = (
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Translate to French: The weather is nice today.",
+)
+NEAR_TIE = 1e-3  # top-2 logit gap below which a cached and an uncached pass may disagree
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_graft_chain_keeps_breadth_first_order():
+    tree = TokenTree.from_paths(7, [[8, 9], [10]])
+    full = graft_chain([5, 6], tree)
+    assert full.tokens.tolist() == [5, 6] + tree.tokens.tolist()
+    assert full.parents[:3].tolist() == [-1, 0, 1]
+    assert full.parents[3:].tolist() == (tree.parents[1:] + 2).tolist()
+    assert full.depths.tolist() == [0, 1] + (tree.depths + 2).tolist()
+    assert graft_chain([], tree) is tree
+
+
+def test_confident_run_counts_from_mask_one():
+    logits = torch.full((3, 5), -20.0)
+    logits[0, 1] = 20.0  # p ~ 1
+    logits[1, 2] = 0.0  # uniform-ish: p ~ 0.2
+    logits[1] = 0.0
+    logits[2, 3] = 20.0  # confident, but after an unconfident mask: not emitted
+    assert confident_run(logits, 0.9) == 1
+    assert confident_run(logits, 0.1) == 3
+    assert confident_run(logits, 1.01) == 0
+    assert confident_run(None, 0.5) == 0
+
+
+def test_rule_records_pending_tokens_and_leftover_masks():
+    rule = ConfAdaptRule(0.9)
+    logits = torch.full((2, 6), -20.0)
+    logits[0, 4] = 20.0
+    logits[1] = 0.0
+    tokens, scores, rest, unverified = rule.extend(np.array([1, 2]), torch.zeros((2, 6)), logits)
+    assert tokens.tolist() == [1, 2, 4] and unverified == 1
+    assert scores.shape == (3, 6) and torch.equal(scores[2], logits[0])
+    assert rule.pending == [2]  # the bonus token waits for the cache; 4 is the next root
+    assert torch.equal(rest, logits[1:])
+    tokens, _, rest, unverified = rule.extend(np.array([3]), None, logits[1:])
+    assert tokens.tolist() == [3] and unverified == 0 and rule.pending == [] and rest is not None
+
+
+@pytest.mark.parametrize(
+    "knobs,words",
+    [
+        (dict(acceptance="nope"), "acceptance"),
+        (dict(threshold=-0.1), "threshold"),
+        (dict(threshold=float("nan")), "threshold"),
+        (dict(acceptance="confadapt", drafter="pld"), "uses no masks"),
+        (dict(masks=3), "masks"),
+    ],
+)
+def test_bad_knobs_are_clear_errors(knobs, words):
+    with pytest.raises((ValueError, TypeError), match=words):
+        ProbeConfig(**knobs)
+
+
+# --------------------------------------------------------------------------- on the model
+
+
+@pytest.fixture(scope="module")
+def decoder(smollm2):
+    model, tok = smollm2
+    return ProbeDecoder(model, tok)
+
+
+@pytest.fixture(scope="module")
+def references(smollm2):
+    model, tok = smollm2
+    out = []
+    for text in PROMPTS:
+        ids = chat_ids(tok, text)
+        out.append((ids, model.generate(ids, do_sample=False, max_new_tokens=40)))
+    return out
+
+
+def test_never_firing_is_greedy(decoder, references):
+    for ids, ref in references:
+        for k, budget in ((1, 30), (2, 30)):
+            out = decoder.generate(ids, max_new_tokens=40, num_masks=k, budget=budget, acceptance="confadapt",
+                                   threshold=1.5, return_dict_in_generate=True)
+            assert torch.equal(out.sequences, ref)
+            assert out.stats.unverified_tokens == 0
+
+
+def _teacher_forced_greedy(model, sequence: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """The model's greedy token after every prefix of ``sequence`` that ends inside it (one pass)."""
+    with torch.no_grad():
+        logits = model(input_ids=sequence).logits[0]
+    return logits[prompt_len - 1 : -1].argmax(-1)
+
+
+@pytest.mark.parametrize("k,budget,threshold", [(1, 30, 0.5), (2, 30, 0.3)])
+def test_only_unverified_tokens_may_differ_from_greedy(smollm2, decoder, references, k, budget, threshold):
+    """Every verified token is the model's greedy choice after the tokens emitted before it, so
+    tokens that differ from it are at most the unverified ones - and some are unverified."""
+    model, _ = smollm2
+    fired = 0
+    for ids, _ in references:
+        out = decoder.generate(ids, max_new_tokens=40, num_masks=k, budget=budget, acceptance="confadapt",
+                               threshold=threshold, return_dict_in_generate=True)
+        new = out.sequences[0, ids.shape[1]:]
+        greedy = _teacher_forced_greedy(model, out.sequences, ids.shape[1])
+        differ = int((new != greedy).sum())
+        assert differ <= out.stats.unverified_tokens
+        assert 1 <= out.stats.new_tokens - sum(out.stats.accepted_lengths) <= 1 + k  # the prefill's tokens
+        fired += out.stats.unverified_tokens
+    assert fired > 0, "ConfAdapt never fired: the test proves nothing"
+
+
+def _rule_reference(model, ids: torch.Tensor, k: int, new_tokens: int) -> tuple[list[int], int]:
+    """threshold=0, frozen prompt-mean masks, without a cache or a tree: every pass emits the greedy
+    token after the sequence and the top-1 of the k masks owned by the sequence's last token.
+    Returns the tokens and how many of them are safe to compare (up to the first near-tie)."""
+    embed = model.get_input_embeddings()
+    seq = ids[0].tolist()
+    with torch.no_grad():
+        mask = embed(ids[0]).mean(0, keepdim=True).expand(k, -1)
+        out: list[int] = []
+        safe = None
+        while len(out) < new_tokens:
+            n = len(seq)
+            e = torch.cat([embed(torch.tensor(seq)), mask])
+            logits = model(inputs_embeds=e[None], position_ids=torch.arange(n + k)[None]).logits[0, n - 1 :]
+            top2 = logits.topk(2, dim=-1).values
+            if safe is None and bool(((top2[:, 0] - top2[:, 1]) < NEAR_TIE).any()):
+                safe = len(out)
+            step = logits.argmax(-1).tolist()
+            seq += step
+            out += step
+    return out[:new_tokens], (new_tokens if safe is None else min(safe, new_tokens))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_threshold_zero_matches_the_rule(smollm2, decoder, references, k):
+    """With threshold 0 every mask fires: each pass emits the verified next token plus all k mask
+    predictions, which a plain (uncached, tree-free) implementation of the rule reproduces."""
+    model, _ = smollm2
+    compared = 0
+    for ids, _ in references[:2]:
+        out = decoder.generate(ids, max_new_tokens=18, num_masks=k, budget=2 * (k + 1), acceptance="confadapt",
+                               threshold=0.0, mask_update=0.0, return_dict_in_generate=True)
+        expected, safe = _rule_reference(model, ids, k, 18)
+        got = out.sequences[0, ids.shape[1]:].tolist()
+        n = min(safe, len(got))
+        assert got[:n] == expected[:n]
+        compared += n
+        assert all(a == k + 1 for a in out.stats.accepted_lengths[:-1])  # root-only trees: bonus + k masks
+    assert compared >= 12, "too few tokens compared (near-ties everywhere?)"
+
+
+def test_confadapt_refuses_sampling(decoder, references):
+    ids, _ = references[0]
+    with pytest.raises(ValueError, match="greedy"):
+        decoder.generate(ids, max_new_tokens=4, do_sample=True, acceptance="confadapt")

@@ -1,0 +1,218 @@
+"""Self-distilled mask vectors: the training pass matches decoding, a short run lowers the loss, the
+file round-trips with its metadata, vectors of another model are refused, and decoding with tuned
+vectors stays lossless."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import probe_mtp
+from probe_mtp import ProbeDecoder
+from probe_mtp.cli import main
+from probe_mtp.distill.batch import IGNORE, default_owners, ema_anchors, owner_batch
+from probe_mtp.distill.cli import cmd_tune
+from probe_mtp.distill.teacher import TrainingPrompt, teacher_sequences, training_prompts
+from probe_mtp.distill.train import PrefixCache, TrainSettings, evaluate, masked_logits, train_masks
+from probe_mtp.kv import AttentionFormat
+from probe_mtp.masks import MaskVectors, initial_mask_vectors
+from probe_mtp.tuned_masks import ModelIdentity, TunedMasks
+
+from conftest import chat_ids
+
+TRAIN_TEXTS = (
+    "Translate to German: The train leaves at eight.",
+    "Summarize in one sentence: The city opened a new library with a large children's section.",
+    "What is the capital of Italy?",
+)
+
+# --------------------------------------------------------------------------- index arithmetic
+
+
+def test_owner_batch_layout():
+    ids = np.arange(100, 110)  # L = 10
+    owners = default_owners(10, prompt_len=4)
+    assert owners.tolist() == [3, 4, 5, 6, 7]
+    b = owner_batch(ids, owners, num_masks=2, past_len=8)
+    assert b.size == 10
+    assert b.owner.tolist() == [3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
+    assert b.positions.tolist() == [4, 5, 5, 6, 6, 7, 7, 8, 8, 9]
+    # mask j of owner t predicts x[t + 1 + j]; past the end: ignored
+    assert b.targets.tolist() == [105, 106, 106, 107, 107, 108, 108, 109, 109, IGNORE]
+    assert b.past_visible[0].tolist() == [True] * 4 + [False] * 4
+    assert b.past_visible[-1].tolist() == [True] * 8
+    assert b.block_visible[1].tolist() == [True, True] + [False] * 8  # mask 2 sees mask 1 of its owner
+    assert b.block_visible[2].tolist() == [False, False, True] + [False] * 7
+    with pytest.raises(ValueError, match="owner"):
+        owner_batch(ids, np.array([8]), 1, past_len=8)
+
+
+def test_ema_anchors_follow_the_decoders_update():
+    torch.manual_seed(0)
+    e = torch.randn(9, 5, dtype=torch.float64)
+    anchors = ema_anchors(e, prompt_len=4, ema=0.1)
+    masks = MaskVectors(e[:4].mean(0, keepdim=True), 0.1)
+    assert torch.allclose(anchors[3], masks.vectors[0])
+    for t in range(4, 9):
+        masks.update(e[t : t + 1])
+        assert torch.allclose(anchors[t], masks.vectors[0])
+
+
+def test_relative_vectors_keep_their_offsets_under_the_ema():
+    anchor = torch.zeros(2, 3)
+    offsets = torch.tensor([[1.0, 0, 0], [0, 1.0, 0]])
+    m = MaskVectors(anchor, 0.5, offsets=offsets)
+    assert torch.equal(m.vectors, offsets)
+    m.update(torch.tensor([[2.0, 2.0, 2.0]]))
+    assert torch.allclose(m.vectors, offsets + 1.0)
+
+
+def test_training_prompts_from_files(tmp_path):
+    text = tmp_path / "p.txt"
+    text.write_text("first prompt\n\nsecond prompt\n")
+    assert [p.text for p in training_prompts(text)] == ["first prompt", "second prompt"]
+    bundled = training_prompts(per_task=2)
+    assert [p.task for p in bundled] == ["translation"] * 2 + ["summarization"] * 2 + ["qa"] * 2
+    with pytest.raises(ValueError, match="unknown task"):
+        training_prompts(tasks=("nope",))
+    with pytest.raises(FileNotFoundError):
+        training_prompts(tmp_path / "missing.txt")
+
+
+# --------------------------------------------------------------------------- on the model
+
+
+@pytest.fixture(scope="module")
+def teachers(smollm2):
+    model, tok = smollm2
+    prompts = [TrainingPrompt("custom", t) for t in TRAIN_TEXTS]
+    return teacher_sequences(model, tok, prompts, max_new_tokens=16, max_context=512)
+
+
+def test_training_pass_matches_a_plain_forward(smollm2, teachers):
+    """The cached, all-owners-at-once pass gives each mask the logits a plain causal forward of
+    ``x[0..t] + masks`` gives (what the decoder's pass computes for an accepted node's masks)."""
+    model, _ = smollm2
+    seq = teachers[0]
+    k = 2
+    torch.manual_seed(1)
+    vectors = 0.05 * torch.randn(k, model.config.hidden_size)
+    prefix = PrefixCache(model, seq.ids, int(seq.ids.shape[0]) - 2)
+    with torch.no_grad():
+        logits, batch = masked_logits(model, vectors, seq, prefix, None, AttentionFormat.for_model(model))
+        embed = model.get_input_embeddings()
+        for q in (0, 1, batch.size - 2, batch.size - 1):
+            t = int(batch.owner[q])
+            e = torch.cat([embed(seq.ids[: t + 1]), vectors])
+            plain = model(inputs_embeds=e[None], position_ids=torch.arange(t + 1 + k)[None]).logits[0, t + 1 + int(batch.slot[q])]
+            assert torch.allclose(logits[q], plain, atol=2e-3), q
+    assert prefix.cache.get_seq_length() == prefix.past_len  # the prefix is restored after the pass
+
+
+def test_short_tuning_run_lowers_the_loss(smollm2, teachers):
+    model, _ = smollm2
+    settings = TrainSettings(num_masks=2, steps=9, lr=0.05, mode="relative")
+    tuned, history = train_masks(model, teachers, settings)
+    assert len(history) == 9 and all(np.isfinite(h["loss"]) for h in history)
+    untuned = TunedMasks(torch.zeros_like(tuned.base), torch.zeros_like(tuned.offsets), "relative", tuned.identity, {"ema": 0.1})
+    before = evaluate(model, untuned, teachers)
+    after = evaluate(model, tuned, teachers)
+    assert after["loss"] < before["loss"] - 0.2, (before, after)
+    assert not any(p.requires_grad for p in model.parameters())  # the model stayed frozen
+
+
+def _saved(tmp_path, model, mode="relative", k=2, name="m.safetensors", **identity_changes):
+    identity = ModelIdentity.of(model)
+    if identity_changes:
+        identity = ModelIdentity(**{**identity.__dict__, **identity_changes})
+    torch.manual_seed(2)
+    h = identity.hidden_size
+    tuned = TunedMasks(0.01 * torch.randn(h), 0.01 * torch.randn(k, h), mode, identity, {"steps": 3, "lr": 0.05})
+    return tuned, tuned.save(tmp_path / name)
+
+
+def test_file_round_trip_with_metadata(smollm2, tmp_path):
+    model, _ = smollm2
+    tuned, path = _saved(tmp_path, model)
+    back = TunedMasks.load(path)
+    assert torch.equal(back.base, tuned.base) and torch.equal(back.offsets, tuned.offsets)
+    assert back.mode == "relative" and back.num_masks == 2 and back.identity == tuned.identity
+    assert back.settings["steps"] == 3 and back.settings["probe_mtp_version"] == probe_mtp.__version__
+    assert path.stat().st_size < 20_000
+    back.check_model(model)
+    bogus = tmp_path / "bogus.safetensors"
+    bogus.write_bytes(b"not a tensor file")
+    with pytest.raises(ValueError, match="not a safetensors"):
+        TunedMasks.load(bogus)
+
+
+def test_vectors_of_another_model_are_refused(smollm2, tmp_path):
+    model, tok = smollm2
+    ids = chat_ids(tok, "Hi")
+    _, other = _saved(tmp_path, model, name="other.safetensors", fingerprint="0123456789abcdef")
+    with pytest.raises(ValueError, match="another model"):
+        probe_mtp.generate(model, ids, max_new_tokens=3, masks=str(other))
+    tuned = TunedMasks(torch.zeros(16), torch.zeros(1, 16), "absolute", ModelIdentity("tiny", 16, 32, "ff"), {})
+    small = tuned.save(tmp_path / "small.safetensors")
+    with pytest.raises(ValueError, match="hidden size 16"):
+        probe_mtp.generate(model, ids, max_new_tokens=3, masks=str(small))
+    _, two = _saved(tmp_path, model, k=2, name="two.safetensors")
+    with pytest.raises(ValueError, match="num_masks=3"):
+        probe_mtp.generate(model, ids, max_new_tokens=3, masks=str(two), num_masks=3, budget=30)
+    with pytest.raises(FileNotFoundError):
+        probe_mtp.generate(model, ids, max_new_tokens=3, masks=str(tmp_path / "missing.safetensors"))
+
+
+@pytest.mark.parametrize("mode,update", [("relative", 0.1), ("absolute", 0.0), ("absolute", 0.1)])
+def test_decoding_with_tuned_vectors_is_lossless(smollm2, tmp_path, mode, update):
+    model, tok = smollm2
+    _, path = _saved(tmp_path, model, mode=mode, k=2)
+    decoder = ProbeDecoder(model, tok)
+    for text in ("Name two prime numbers.", "Write a haiku about rain."):
+        ids = chat_ids(tok, text)
+        ref = model.generate(ids, do_sample=False, max_new_tokens=24)
+        for k, budget in ((1, 30), (2, 30)):
+            out = decoder.generate(ids, max_new_tokens=24, masks=str(path), num_masks=k, budget=budget, mask_update=update)
+            assert torch.equal(out, ref), (text, k)
+
+
+def test_tuned_vectors_are_what_the_decoder_feeds(smollm2, tmp_path):
+    model, tok = smollm2
+    tuned, _ = _saved(tmp_path, model, mode="relative", k=2)
+    embed = model.get_input_embeddings()
+    ids = chat_ids(tok, "Hello there")[0]
+    m = tuned.mask_vectors(embed, ids, 2, 0.1)
+    plain = initial_mask_vectors("prompt_mean", embed, ids, 2, 0.1)
+    assert torch.allclose(m.vectors, plain.vectors + tuned.slot_vectors(2), atol=1e-6)
+    absolute = TunedMasks(tuned.base, tuned.offsets, "absolute", tuned.identity).mask_vectors(embed, ids, 1, 0.0)
+    assert torch.allclose(absolute.vectors, tuned.slot_vectors(1))
+
+
+def test_tune_masks_command(smollm2, tmp_path, capsys):
+    """The CLI end to end on two text prompts: the safetensors file, the loss curve (CSV + PNG)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(TRAIN_TEXTS[:2]) + "\n")
+    out = tmp_path / "tuned"
+    from probe_mtp.cli import build_parser
+
+    args = build_parser().parse_args(["tune-masks", "--prompts", str(prompts), "--max-new-tokens", "8", "--steps", "3",
+                                      "--out", str(out), "--no-progress"])
+    assert cmd_tune(args, loaded=smollm2) == 0
+    tuned = TunedMasks.load(out / "masks.safetensors")
+    tuned.check_model(smollm2[0])
+    assert tuned.settings["steps"] == 3 and tuned.settings["training_prompts"] == 2
+    rows = (out / "loss_curve.csv").read_text().strip().splitlines()
+    assert rows[0].startswith("step,") and len(rows) == 1 + 3
+    assert (out / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "teacher.json").read_text())["sequences"]
+    assert "loss" in capsys.readouterr().err
+
+
+def test_tune_masks_errors_before_loading(capsys, tmp_path):
+    assert main(["tune-masks", "--steps", "0", "--out", str(tmp_path)]) == 2
+    assert "steps" in capsys.readouterr().err
+    assert main(["tune-masks", "--prompts", str(tmp_path / "none.txt"), "--out", str(tmp_path)]) == 2
+    assert "not found" in capsys.readouterr().err
