@@ -50,9 +50,10 @@ class ProbeConfig:
       (lookahead decoding), ``"stand"`` (n-gram memory of the model's logits) and ``"ar"`` (plain
       one-token decoding through the same loop).  The baselines ignore ``num_masks``; their trees
       hold at most ``budget`` nodes, the root included.
-    - ``masks``: tuned mask vectors (a file written by ``probe-mtp tune-masks``, or a loaded
-      :class:`probe_mtp.tuned_masks.TunedMasks`) instead of ``mask_init``; ``mask_update`` still
-      applies on top.  Checked against the model: vectors of another model are a ``ValueError``.
+    - ``masks``: tuned mask vectors (a file written by ``probe-mtp tune-masks``, ``"bundled"`` for
+      the vectors shipped for the loaded model, or a loaded :class:`probe_mtp.tuned_masks.TunedMasks`)
+      instead of ``mask_init``; ``mask_update`` still applies on top.  Checked against the model:
+      vectors of another model are a ``ValueError``.
     - ``acceptance``: ``"verify"`` (lossless, default) or ``"confadapt"`` (LOSSY, greedy only:
       after verification also emit the longest run of mask predictions whose top-1 probability is
       at least ``threshold``, unverified; see :mod:`probe_mtp.confadapt`).

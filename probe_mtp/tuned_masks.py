@@ -27,6 +27,8 @@ import torch
 from .masks import MaskVectors, initial_mask_vectors
 
 FORMAT = "probe-mtp-masks/1"
+BUNDLED = "bundled"
+"""``masks="bundled"``: the tuned vectors shipped in ``probe_mtp/data/masks`` for the loaded model."""
 MODES = ("absolute", "relative")
 FINGERPRINT_ROWS = 512  # embedding rows hashed (evenly spaced over the vocabulary)
 
@@ -42,13 +44,14 @@ class ModelIdentity:
     fingerprint: str
 
     @classmethod
-    def of(cls, model) -> "ModelIdentity":
+    def of(cls, model, name: str | None = None) -> "ModelIdentity":
+        """``name`` (informational, not compared): default the config's ``name_or_path``."""
         weight = model.get_input_embeddings().weight.detach()
         vocab, hidden = weight.shape
         stride = max(1, vocab // FINGERPRINT_ROWS)
         rows = weight[::stride].to(device="cpu", dtype=torch.bfloat16).contiguous()
         digest = hashlib.sha256(rows.view(torch.int16).numpy().tobytes()).hexdigest()[:16]
-        name = str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+        name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
         return cls(name=name, hidden_size=int(hidden), vocab_size=int(vocab), fingerprint=digest)
 
     def mismatch(self, other: "ModelIdentity") -> str | None:
@@ -174,6 +177,26 @@ class TunedMasks:
         return out
 
 
+def bundled_files() -> list[Path]:
+    from importlib import resources
+
+    folder = Path(str(resources.files("probe_mtp") / "data" / "masks"))
+    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+
+
+def bundled_for_model(model) -> Path:
+    """The shipped tuned-mask file made for ``model``; ``ValueError`` when none is."""
+    identity = ModelIdentity.of(model)
+    for path in bundled_files():
+        if TunedMasks.load(path).identity.mismatch(identity) is None:
+            return path
+    names = ", ".join(p.stem for p in bundled_files()) or "none"
+    raise ValueError(
+        f"no bundled tuned mask vectors for this model (bundled: {names}); make some with `probe-mtp tune-masks` "
+        "and pass masks=PATH"
+    )
+
+
 def load_for_model(path: str | Path, model, num_masks: int) -> TunedMasks:
     """Load ``path`` and check that it fits ``model`` and ``num_masks`` (clear ``ValueError`` otherwise)."""
     tuned = TunedMasks.load(path)
@@ -199,6 +222,8 @@ class TunedMaskStore:
                 self._checked.add(id(source))
             source.check_num_masks(num_masks)
             return source
+        if str(source) == BUNDLED:
+            source = bundled_for_model(self.model)
         key = str(Path(source).expanduser().resolve())
         tuned = self._loaded.get(key)
         if tuned is None:

@@ -15,8 +15,8 @@ from probe_mtp import ProbeDecoder
 from probe_mtp.cli import main
 from probe_mtp.distill.batch import IGNORE, default_owners, ema_anchors, owner_batch
 from probe_mtp.distill.cli import cmd_tune
-from probe_mtp.distill.teacher import TrainingPrompt, teacher_sequences, training_prompts
-from probe_mtp.distill.train import PrefixCache, TrainSettings, evaluate, masked_logits, train_masks
+from probe_mtp.distill.teacher import TeacherSequence, TrainingPrompt, teacher_sequences, training_prompts
+from probe_mtp.distill.train import PrefixCache, TrainSettings, embedding_rms, evaluate, masked_logits, train_masks
 from probe_mtp.kv import AttentionFormat
 from probe_mtp.masks import MaskVectors, initial_mask_vectors
 from probe_mtp.tuned_masks import ModelIdentity, TunedMasks
@@ -112,6 +112,29 @@ def test_training_pass_matches_a_plain_forward(smollm2, teachers):
     assert prefix.cache.get_seq_length() == prefix.past_len  # the prefix is restored after the pass
 
 
+@pytest.mark.slow
+@pytest.mark.gemma
+def test_training_pass_matches_a_plain_forward_on_gemma(gemma3):
+    """Gemma 3: scaled embeddings and sliding-window layers (the dict attention mask)."""
+    model, tok = gemma3
+    ids = tok("The capital of France is", return_tensors="pt")["input_ids"]
+    full = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)[0]
+    seq = TeacherSequence("custom", full, int(ids.shape[1]))
+    k = 2
+    torch.manual_seed(3)
+    vectors = embedding_rms(model.get_input_embeddings()) * torch.randn(k, model.config.hidden_size)
+    prefix = PrefixCache(model, seq.ids, int(seq.ids.shape[0]) - 2)
+    assert prefix.sliding
+    with torch.no_grad():
+        logits, batch = masked_logits(model, vectors, seq, prefix, None, AttentionFormat.for_model(model))
+        embed = model.get_input_embeddings()
+        for q in range(batch.size):
+            t = int(batch.owner[q])
+            e = torch.cat([embed(seq.ids[: t + 1]), vectors])
+            plain = model(inputs_embeds=e[None], position_ids=torch.arange(t + 1 + k)[None]).logits[0, t + 1 + int(batch.slot[q])]
+            assert torch.allclose(logits[q], plain, atol=5e-3), q
+
+
 def test_short_tuning_run_lowers_the_loss(smollm2, teachers):
     model, _ = smollm2
     settings = TrainSettings(num_masks=2, steps=9, lr=0.05, mode="relative")
@@ -166,17 +189,41 @@ def test_vectors_of_another_model_are_refused(smollm2, tmp_path):
         probe_mtp.generate(model, ids, max_new_tokens=3, masks=str(tmp_path / "missing.safetensors"))
 
 
-@pytest.mark.parametrize("mode,update", [("relative", 0.1), ("absolute", 0.0), ("absolute", 0.1)])
-def test_decoding_with_tuned_vectors_is_lossless(smollm2, tmp_path, mode, update):
+@pytest.fixture(scope="module")
+def greedy_cases(smollm2):
     model, tok = smollm2
-    _, path = _saved(tmp_path, model, mode=mode, k=2)
-    decoder = ProbeDecoder(model, tok)
-    for text in ("Name two prime numbers.", "Write a haiku about rain."):
+    out = []
+    for text in ("Name two prime numbers.", "Write a haiku about rain.", "How do I boil an egg?"):
         ids = chat_ids(tok, text)
-        ref = model.generate(ids, do_sample=False, max_new_tokens=24)
-        for k, budget in ((1, 30), (2, 30)):
-            out = decoder.generate(ids, max_new_tokens=24, masks=str(path), num_masks=k, budget=budget, mask_update=update)
-            assert torch.equal(out, ref), (text, k)
+        out.append((ids, model.generate(ids, do_sample=False, max_new_tokens=24)))
+    return out
+
+
+def test_absolute_vectors_from_a_file_are_lossless(smollm2, tmp_path, greedy_cases):
+    model, tok = smollm2
+    _, path = _saved(tmp_path, model, mode="absolute", k=2)
+    decoder = ProbeDecoder(model, tok)
+    for ids, ref in greedy_cases[:2]:
+        out = decoder.generate(ids, max_new_tokens=24, masks=str(path), num_masks=2, budget=30, mask_update=0.0)
+        assert torch.equal(out, ref)
+
+
+def test_bundled_vectors_are_lossless_and_accept_more(smollm2, greedy_cases):
+    """The shipped SmolLM2 vectors (masks="bundled", relative mode, EMA on top): identical to
+    greedy, and more tokens per pass than the untuned prompt-mean vectors on the same prompts."""
+    model, tok = smollm2
+    decoder = ProbeDecoder(model, tok)
+    tuned_steps = plain_steps = tuned_tokens = plain_tokens = 0
+    for (ids, ref), k in zip(greedy_cases, (1, 2, 1)):
+        out = decoder.generate(ids, max_new_tokens=24, masks="bundled", num_masks=k, budget=30,
+                               return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        plain = decoder.generate(ids, max_new_tokens=24, num_masks=k, budget=30, return_dict_in_generate=True)
+        tuned_steps += len(out.stats.accepted_lengths)
+        tuned_tokens += sum(out.stats.accepted_lengths)
+        plain_steps += len(plain.stats.accepted_lengths)
+        plain_tokens += sum(plain.stats.accepted_lengths)
+    assert tuned_tokens / tuned_steps > plain_tokens / plain_steps
 
 
 def test_tuned_vectors_are_what_the_decoder_feeds(smollm2, tmp_path):
@@ -216,3 +263,13 @@ def test_tune_masks_errors_before_loading(capsys, tmp_path):
     assert "steps" in capsys.readouterr().err
     assert main(["tune-masks", "--prompts", str(tmp_path / "none.txt"), "--out", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_no_bundled_vectors_for_another_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tiny = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, num_key_value_heads=1,
+                                        intermediate_size=32, vocab_size=32, attn_implementation="sdpa")).eval()
+    with pytest.raises(ValueError, match="no bundled tuned mask vectors"):
+        probe_mtp.generate(tiny, torch.tensor([[3, 4, 5]]), max_new_tokens=2, masks="bundled")

@@ -29,16 +29,18 @@ HIT_WIDTH = 14  # the tree width of k=1 at BC=30: how often the target is among 
 @dataclass(frozen=True)
 class TrainSettings:
     """Knobs of one tuning run.  ``lr`` is in units of the vocabulary embeddings' RMS (so one value
-    suits models whose embeddings have different scales, such as Gemma's scaled ones)."""
+    suits models whose embeddings have different scales, such as Gemma's scaled ones); it decays
+    along a cosine to ``final_lr_fraction * lr`` at the last step."""
 
-    num_masks: int = 1
-    steps: int = 200
+    num_masks: int = 2
+    steps: int = 400
     lr: float = 0.05
     mode: str = "relative"
     offsets: bool = True
     ema: float = 0.1
     seed: int = 0
     max_cached_tokens: int = 60_000
+    final_lr_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_masks, int) or self.num_masks < 1:
@@ -199,6 +201,10 @@ def train_masks(
         base = torch.zeros(embed.weight.shape[1], device=embed.weight.device)
     params = MaskParameters(base, k, scale, settings.offsets)
     optimizer = torch.optim.Adam([p for p in params.parameters() if p.requires_grad], lr=settings.lr)
+    floor = settings.final_lr_fraction
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(i, settings.steps - 1) / max(1, settings.steps - 1)))
+    )
     fmt = AttentionFormat.for_model(model)
     data = _Sequences(model, sequences, settings)
     rng = np.random.default_rng(settings.seed)
@@ -215,7 +221,8 @@ def train_masks(
         optimizer.zero_grad(set_to_none=True)
         metrics.pop("loss_tensor").backward()
         optimizer.step()
-        record = {"step": step, "sequence": i, "task": seq.task, **metrics, "seconds": time.perf_counter() - t0}
+        schedule.step()
+        record = {"step": step, "lr": optimizer.param_groups[0]["lr"], "sequence": i, "task": seq.task, **metrics, "seconds": time.perf_counter() - t0}
         history.append(record)
         if on_step is not None:
             on_step(record)
@@ -225,7 +232,7 @@ def train_masks(
     meta = {**asdict(settings), "sequences": len(sequences), "seconds": round(time.perf_counter() - t0, 1),
             "loss_first": history[0]["loss"], "loss_last_mean10": float(np.mean([h["loss"] for h in history[-10:]])),
             "embedding_rms": scale, **(extra_settings or {})}
-    tuned = TunedMasks(base_out, offsets_out, settings.mode, ModelIdentity.of(model), meta)
+    tuned = TunedMasks(base_out, offsets_out, settings.mode, ModelIdentity.of(model, meta.get("model")), meta)
     return tuned, history
 
 
@@ -238,13 +245,21 @@ def evaluate(model, tuned: TunedMasks, sequences: list[TeacherSequence], ema: fl
     data = _Sequences(model, sequences, settings)
     fmt = AttentionFormat.for_model(model)
     vectors = tuned.slot_vectors(tuned.num_masks).to(model.device)
-    total = {"loss": 0.0, "top1": 0.0, f"top{HIT_WIDTH}": 0.0, "targets": 0}
+    keys = ("loss", "top1", f"top{HIT_WIDTH}")
+    groups = {"": None, **{f"_mask{j + 1}": j for j in range(tuned.num_masks)}} if tuned.num_masks > 1 else {"": None}
+    total = {g: dict.fromkeys((*keys, "targets"), 0.0) for g in groups}
     for i, seq in enumerate(sequences):
         logits, batch = masked_logits(model, vectors, seq, data.prefix(i), data.anchors(i), fmt)
-        m = batch_metrics(logits, torch.from_numpy(batch.targets).to(logits.device))
-        n = m["targets"]
-        for key in ("loss", "top1", f"top{HIT_WIDTH}"):
-            total[key] += m[key] * n
-        total["targets"] += n
-    n = max(1, total["targets"])
-    return {key: (v / n if key != "targets" else v) for key, v in total.items()}
+        targets = torch.from_numpy(batch.targets).to(logits.device)
+        for g, slot in groups.items():
+            rows = slice(None) if slot is None else torch.from_numpy(batch.slot == slot).to(logits.device)
+            m = batch_metrics(logits[rows], targets[rows])
+            for key in keys:
+                total[g][key] += m[key] * m["targets"]
+            total[g]["targets"] += m["targets"]
+    out = {}
+    for g, t in total.items():
+        n = max(1.0, t["targets"])
+        out.update({f"{key}{g}": t[key] / n for key in keys})
+        out[f"targets{g}"] = int(t["targets"])
+    return out

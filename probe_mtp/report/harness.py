@@ -139,7 +139,7 @@ class ReportSettings:
         if not self.masks or not self.acceptance:
             raise ValueError("--masks and --acceptance need at least one value each")
         for path in self.masks:
-            if path is not None and not Path(path).is_file():
+            if path is not None and path != "bundled" and not Path(path).is_file():
                 raise FileNotFoundError(f"tuned mask file not found: {path}")
         for rule in self.acceptance:
             _config.ProbeConfig(acceptance=rule, threshold=self.threshold)
