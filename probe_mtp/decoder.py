@@ -122,14 +122,15 @@ class ProbeDecoder:
         return generate(self.model, input_ids, decoder=self, **kwargs)
 
     # ------------------------------------------------------------------ helpers
-    def layout(self, tree: TokenTree, num_masks: int) -> TreeLayout:
-        """The tree's layout, built once per shape and reused (LRU)."""
-        key = (tree.shape_key, num_masks)
+    def layout(self, tree: TokenTree, num_masks: int, owners: np.ndarray | None = None) -> TreeLayout:
+        """The tree's layout (masks on every node, or on ``owners``), built once per shape and
+        reused (LRU)."""
+        key = (tree.shape_key, num_masks, None if owners is None else tuple(owners.tolist()))
         found = self._layouts.get(key)
         if found is not None:
             self._layouts.move_to_end(key)
             return found
-        built = esp_layout(tree, num_masks)
+        built = esp_layout(tree, num_masks, owners)
         self._layouts[key] = built
         if len(self._layouts) > LAYOUT_CACHE_SIZE:
             self._layouts.popitem(last=False)
@@ -273,7 +274,7 @@ class _Run:
         context = self.sequence[0]
         root = int(context[-1])
         tree = self.drafter.propose(root, context.cpu().numpy())
-        layout = dec.layout(tree, k)
+        layout = dec.layout(tree, k, self.drafter.mask_owners(tree) if k else None)
         inputs = assemble_inputs(dec.embed, tree, layout, self.masks, self.length - 1, self.cache, dec.fmt)
         logits = forward_pass(dec.model, self.cache, inputs)
         self.stats.forward_passes += 1
@@ -281,7 +282,8 @@ class _Run:
         path, new_tokens, token_scores = self.choose(tree, node_logits, context)
         keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(path).to(self.device))
         self.stats.accepted_lengths.append(self.commit(new_tokens.tolist(), token_scores))
-        mask_logits = logits[layout.mask_slots(int(path[-1]))] if k else None
+        slots = layout.mask_slots(int(path[-1]))
+        mask_logits = logits[torch.from_numpy(slots).to(logits.device)] if slots.size else None
         self.feedback(tree, path, new_tokens, node_logits, mask_logits)
         if self.masks is not None and not self.done:
             self.masks.update(dec.embed(torch.from_numpy(new_tokens).to(self.device)))
