@@ -7,7 +7,8 @@ that the node is accepted.  That probability is estimated from the drafter's own
 verification actually accepted.  Cost comes from the machine's :class:`~probe_mtp.cost.CostCurve`.
 
 With masks (``k`` per node) a pass over ``n`` draft nodes has ``(k+1)(n+1)`` inputs; a mask-free
-pass has ``n+1``.  Masks pay for themselves only through the next step's proposals, so the choice
+pass has ``n+1``.  A drafter that puts its masks on a few nodes only (``mask_nodes``, chosen by its
+``mask_owners``) pays ``n + 1 + k * min(mask_nodes, n + 1)``.  Masks pay for themselves only through the next step's proposals, so the choice
 between the two compares steady states: the best tree with masks against the best tree built from
 the proposals that need no masks (for the ESP drafter: none, i.e. a bare one-token step).  When the
 mask-free side wins, the masks are re-probed now and then (after 1, 2, 4, ... 64 mask-free steps) to
@@ -30,12 +31,26 @@ MAX_BACKOFF = 64
 
 @dataclass
 class StepPlan:
-    """What to verify this step: the (cut) tree, the masks per node, and the number of inputs to
-    pad the pass to (0: no padding)."""
+    """What to verify this step: the (cut) tree, the masks per owner, the nodes that carry them
+    (None: every node) and the number of inputs to pad the pass to (0: no padding)."""
 
     tree: TokenTree
     num_masks: int
     pad_to: int = 0
+    owners: np.ndarray | None = None
+
+    @property
+    def num_inputs(self) -> int:
+        carriers = self.tree.size if self.owners is None else int(self.owners.size)
+        return self.tree.size + self.num_masks * carriers
+
+
+def owners_for(tree: TokenTree, num_masks: int, mask_owners) -> np.ndarray | None:
+    """The nodes of ``tree`` that carry masks: ``mask_owners(tree)`` (None: every node)."""
+    if not num_masks or mask_owners is None:
+        return None
+    owners = mask_owners(tree)
+    return None if owners is None else np.asarray(owners, dtype=np.int64)
 
 
 class DepthCalibration:
@@ -75,10 +90,14 @@ class AdaptiveBudget:
 
     ``num_masks`` is the drafter's k; ``max_inputs`` bounds a pass (the drafter proposes trees
     sized for it).  ``mask_free(tree)`` tells which draft nodes the drafter could have proposed
-    without masks (None: none of them when k > 0, all of them when k = 0)."""
+    without masks (None: none of them when k > 0, all of them when k = 0).  ``mask_owners(tree)``
+    and ``mask_nodes``: the drafter puts its masks on ``mask_nodes`` nodes only, the ones
+    ``mask_owners`` names (None: on every node)."""
 
-    def __init__(self, curve: CostCurve, num_masks: int, max_inputs: int, mask_free=None):
+    def __init__(self, curve: CostCurve, num_masks: int, max_inputs: int, mask_free=None, mask_owners=None, mask_nodes=None):
         self.k = int(num_masks)
+        self.mask_owners = mask_owners
+        self.mask_nodes = None if mask_owners is None else mask_nodes
         self.max_inputs = int(max_inputs)
         costs = np.array([curve.cost(int(n)) for n in range(1, self.max_inputs + 1)])
         # a pass of N inputs is padded to the size M >= N that costs least (the 2-3 input CPU trap:
@@ -95,9 +114,14 @@ class AdaptiveBudget:
     def _cost(self, n: int) -> float:
         return float(self.cost_table[min(n, self.max_inputs)])
 
+    def _inputs(self, size: int, k: int) -> int:
+        """Inputs of a pass over a tree of ``size`` nodes (root included) with k masks per owner."""
+        carriers = size if self.mask_nodes is None else min(self.mask_nodes, size)
+        return size + k * carriers
+
     def _best(self, tree: TokenTree, est: np.ndarray, candidates: np.ndarray, k: int):
         order = candidates[np.lexsort((candidates, -est[candidates]))]
-        n, value = choose_node_count(est[order], self._cost, k + 1, max_inputs=self.max_inputs)
+        n, value = choose_node_count(est[order], self._cost, lambda size: self._inputs(size, k), max_inputs=self.max_inputs)
         return order[: max(n, 0)], n, value
 
     def plan(self, tree: TokenTree) -> StepPlan:
@@ -126,9 +150,11 @@ class AdaptiveBudget:
         return self._padded(keep_nodes(tree, keep_free), 0)
 
     def _padded(self, tree: TokenTree, k: int) -> StepPlan:
-        inputs = (k + 1) * tree.size
+        plan = StepPlan(tree, k, 0, owners_for(tree, k, self.mask_owners))
+        inputs = plan.num_inputs
         pad = int(self.pad_to[inputs]) if inputs <= self.max_inputs else 0
-        return StepPlan(tree, k, pad if pad > inputs else 0)
+        plan.pad_to = pad if pad > inputs else 0
+        return plan
 
     def _free_nodes(self, tree: TokenTree) -> np.ndarray:
         if self.mask_free is None:
@@ -149,11 +175,12 @@ class AdaptiveBudget:
 class FixedBudget:
     """The paper's mode: every step verifies the drafter's whole tree with its k masks."""
 
-    def __init__(self, num_masks: int):
+    def __init__(self, num_masks: int, mask_owners=None):
         self.k = int(num_masks)
+        self.mask_owners = mask_owners
 
     def plan(self, tree: TokenTree) -> StepPlan:
-        return StepPlan(tree, self.k)
+        return StepPlan(tree, self.k, 0, owners_for(tree, self.k, self.mask_owners))
 
     def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
         pass

@@ -45,7 +45,8 @@ class ProbeConfig:
     - ``prune_repeats``: drop a candidate equal to its parent's token (next-best takes its place).
     - ``drafter``: which drafter proposes the tree: ``"esp"`` (embedding-space probing, uses
       ``num_masks``), ``"hybrid"`` (one tree from the successor table, context lookup and, with
-      ``num_masks`` >= 1, the probe; ``num_masks=0`` is allowed for it), or the mask-free
+      ``num_masks`` >= 1, the probe, whose k masks it puts on the root only; ``num_masks=0`` is
+      allowed for it), or the mask-free
       baselines ``"pld"`` (prompt lookup), ``"lookahead"``
       (lookahead decoding), ``"stand"`` (n-gram memory of the model's logits) and ``"ar"`` (plain
       one-token decoding through the same loop).  The baselines ignore ``num_masks``; their trees

@@ -147,14 +147,15 @@ class ProbeDecoder:
         return generate(self.model, input_ids, decoder=self, **kwargs)
 
     # ------------------------------------------------------------------ helpers
-    def layout(self, tree: TokenTree, num_masks: int, pad_to: int = 0) -> TreeLayout:
-        """The tree's layout (padded to ``pad_to`` inputs), built once per shape and reused (LRU)."""
-        key = (tree.shape_key, num_masks, pad_to)
+    def layout(self, tree: TokenTree, num_masks: int, pad_to: int = 0, owners: np.ndarray | None = None) -> TreeLayout:
+        """The tree's layout (masks on every node, or on ``owners``; padded to ``pad_to`` inputs),
+        built once per shape and reused (LRU)."""
+        key = (tree.shape_key, num_masks, pad_to, None if owners is None else tuple(owners.tolist()))
         found = self._layouts.get(key)
         if found is not None:
             self._layouts.move_to_end(key)
             return found
-        built = esp_layout(tree, num_masks)
+        built = esp_layout(tree, num_masks, owners)
         if pad_to:
             built = pad_layout(built, pad_to)
         self._layouts[key] = built
@@ -182,12 +183,14 @@ class ProbeDecoder:
     def budget_policy(self, config: ProbeConfig, drafter: Drafter):
         if not config.adaptive or config.acceptance == "confadapt":
             # ConfAdapt reads every step's masks: it keeps the drafter's full tree and masks
-            return FixedBudget(drafter.num_masks)
+            return FixedBudget(drafter.num_masks, drafter.mask_owners)
         return AdaptiveBudget(
             self.cost_curve(config),
             drafter.num_masks,
             config.max_budget,
             mask_free=getattr(drafter, "mask_free_nodes", None),
+            mask_owners=drafter.mask_owners,
+            mask_nodes=getattr(drafter, "mask_nodes", None),
         )
 
     def embedding_stats(self) -> EmbeddingStats:
@@ -338,14 +341,20 @@ class _Run:
         if self.head is not None:
             hidden = backbone_pass(self.head, self.cache, inputs)
             node_logits = self.head.logits(hidden[: tree.size])
-            masks_of = lambda owner: self.head.logits(hidden[torch.from_numpy(layout.mask_slots(owner))])  # noqa: E731
+            rows_of = lambda slots: self.head.logits(hidden[torch.from_numpy(slots)])  # noqa: E731
         else:
             logits = forward_pass(self.dec.model, self.cache, inputs)
             node_logits = logits[: tree.size]
-            masks_of = lambda owner: logits[layout.mask_slots(owner)]  # noqa: E731
+            rows_of = lambda slots: logits[torch.from_numpy(slots).to(logits.device)]  # noqa: E731
         self.stats.forward_seconds += time.perf_counter() - t0
         self.stats.forward_passes += 1
         self.stats.inputs_per_pass.append(layout.num_inputs)
+
+        def masks_of(owner: int):
+            """Logits of ``owner``'s masks, None when it carried none."""
+            slots = layout.mask_slots(owner)
+            return rows_of(slots) if slots.size else None
+
         return node_logits, masks_of
 
     def step(self) -> None:
@@ -357,7 +366,8 @@ class _Run:
         pending = self.confadapt.pending if self.confadapt is not None else []  # committed, not cached
         m = len(pending)
         full = graft_chain(pending, tree) if m else tree
-        layout = dec.layout(full, k, 0 if m else plan.pad_to)
+        owners = None if plan.owners is None else plan.owners + m
+        layout = dec.layout(full, k, 0 if m else plan.pad_to, owners)
         inputs = assemble_inputs(dec.embed, full, layout, self.masks if k else None, self.length - 1 - m, self.cache, dec.fmt)
         full_logits, masks_of = self.verify_pass(full, layout, inputs)
         node_logits = full_logits[m:]

@@ -52,6 +52,7 @@ def main() -> None:
         for budget in [int(b) for b in args.budgets.split(",")]:
             label = f"{method}@{budget}"
             per_task: dict[str, list[int]] = {}
+            per_prompt: dict[int, list[int]] = {}
             t0 = time.perf_counter()
             mismatches = 0
             for p, x in zip(prompts, ids):
@@ -63,10 +64,12 @@ def main() -> None:
                 if out.sequences[0].tolist() != refs[key(p)]:
                     mismatches += 1
                 per_task.setdefault(p.task, []).extend(out.stats.accepted_lengths)
+                per_prompt[p.question_id] = list(out.stats.accepted_lengths)
             tau = {t: sum(v) / len(v) for t, v in per_task.items()}
             allv = [a for v in per_task.values() for a in v]
             tau["overall"] = sum(allv) / len(allv)
-            results[label] = {"tau": tau, "mismatches": mismatches, "seconds": time.perf_counter() - t0}
+            results[label] = {"tau": tau, "mismatches": mismatches, "seconds": time.perf_counter() - t0,
+                              "accepted_lengths": per_prompt}
             row = " ".join(f"{t[:6]}={tau[t]:.3f}" for t in list(TASKS) + ["overall"] if t in tau)
             print(f"{label:16s} {row} mismatches={mismatches} ({time.perf_counter() - t0:.0f}s)", flush=True)
     if args.out:

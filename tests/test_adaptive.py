@@ -133,6 +133,22 @@ def test_calibration_learns_acceptance_per_depth():
     assert est[3] < 0.05  # depth 2 never accepted
 
 
+def test_masks_on_a_few_owners_are_costed_and_passed_on():
+    """A drafter that puts its k masks on chosen nodes only pays k inputs per owner, not per node."""
+    strong = esp_like_tree([0.9, 0.05, 0.04, 0.03], [0.9, 0.8])
+    root_only = lambda tree: np.array([0])  # noqa: E731
+    policy = AdaptiveBudget(FLAT_CURVE, num_masks=2, max_inputs=10, mask_owners=root_only, mask_nodes=1)
+    plan = policy.plan(strong)
+    # 7 nodes + 2 masks on the root = 9 inputs fit in 10; masks on every node (21) would not
+    assert plan.num_masks == 2 and plan.tree.size == strong.size
+    assert plan.owners.tolist() == [0] and plan.num_inputs == strong.size + 2
+    everywhere = AdaptiveBudget(FLAT_CURVE, num_masks=2, max_inputs=10)
+    assert everywhere.plan(strong).tree.size == 3  # (2+1) * 3 = 9 inputs
+    assert everywhere.plan(strong).owners is None
+    fixed = FixedBudget(2, root_only).plan(strong)
+    assert fixed.tree is strong and fixed.owners.tolist() == [0] and fixed.num_inputs == strong.size + 2
+
+
 def test_fixed_budget_keeps_the_tree():
     tree = esp_like_tree([0.1, 0.1])
     plan = FixedBudget(2).plan(tree)

@@ -207,13 +207,15 @@ def test_hybrid_merges_sources_into_one_tree_and_calibrates():
 
 
 def test_hybrid_mask_source_proposes_the_first_level():
-    d = HybridDrafter(budget=12, num_masks=1)  # 5 draft nodes, each with one mask
+    d = HybridDrafter(budget=12, num_masks=1)  # 10 draft nodes, one mask on one of them
     d.start(np.array([3]))
     fb = _feedback(TokenTree.root_only(3), [0], np.array([3]), [3], _logits([{3: 0.9}]), prefill=True)
     fb.mask_logits = _logits([{7: 0.95, 3: 0.04}])  # the mask guesses the token after the next
     d.observe(fb)
     tree = d.propose(3, np.array([3, 3]))
     assert 7 in tree.tokens[tree.children(0)].tolist()
+    assert d.mask_owners(tree).tolist() == [0]
+    assert tree.size + d.num_masks * 1 <= d.budget  # the pass's inputs: nodes + the root's mask
     root_proposals = d._proposals[0]
     assert root_proposals[7][MASK] >= 0
     # the mask's repeat of the root token is pruned; the successor table still proposes 3
@@ -222,13 +224,20 @@ def test_hybrid_mask_source_proposes_the_first_level():
 
 def test_hybrid_budget_masks_and_registration():
     assert "hybrid" in DRAFTERS
-    for k, budget, nodes in [(0, 32, 31), (1, 32, 15), (2, 30, 9)]:
+    # masks on one node by default: budget - 1 - k draft nodes; on every node: budget // (k+1) - 1
+    for k, budget, nodes in [(0, 32, 31), (1, 32, 30), (2, 30, 27)]:
         d = make_drafter(ProbeConfig(drafter="hybrid", num_masks=k, budget=budget))
         assert isinstance(d, HybridDrafter) and d.num_masks == k and d.max_nodes == nodes
+    assert HybridDrafter(32, 1, mask_nodes=None).max_nodes == 15
+    assert HybridDrafter(32, 2, mask_nodes=3).max_nodes == 25
     with pytest.raises(ValueError, match="num_masks"):
         ProbeConfig(drafter="esp", num_masks=0)  # only the hybrid runs without masks
     with pytest.raises(ValueError, match="too small"):
         ProbeConfig(drafter="hybrid", num_masks=1, budget=3)
+    with pytest.raises(ValueError, match="too small"):
+        HybridDrafter(4, 2, mask_nodes=2)
+    with pytest.raises(ValueError, match="mask_nodes"):
+        HybridDrafter(30, 1, mask_nodes=0)
     with pytest.raises(ValueError, match="learn_from"):
         HybridDrafter(30, learn_from="some")
     d = HybridDrafter(budget=6)
@@ -238,6 +247,17 @@ def test_hybrid_budget_masks_and_registration():
     assert d.max_nodes == 2
 
 
+def test_hybrid_masks_go_to_the_root_then_the_likeliest_deepest_accepted_nodes():
+    # root 0 -> 1 (score 0.9) -> 3 (0.3); root -> 2 (0.05): the chance that each node is the
+    # deepest accepted one is 0.05, 0.6, 0.05, 0.3
+    tree = TokenTree(np.array([5, 6, 8, 7]), np.array([-1, 0, 0, 1]), np.array([1.0, 0.9, 0.05, 0.3]))
+    assert HybridDrafter(30, 1, mask_nodes=1).mask_owners(tree).tolist() == [0]
+    assert HybridDrafter(30, 1, mask_nodes=2).mask_owners(tree).tolist() == [0, 1]
+    assert HybridDrafter(30, 1, mask_nodes=3).mask_owners(tree).tolist() == [0, 1, 3]
+    assert HybridDrafter(30, 1, mask_nodes=4).mask_owners(tree).tolist() == [0, 1, 2, 3]
+    assert HybridDrafter(30, 1, mask_nodes=None).mask_owners(tree) is None
+
+
 # ---------------------------------------------------------------------- lossless
 @pytest.fixture(scope="module")
 def smol_decoder(smollm2):
@@ -245,12 +265,15 @@ def smol_decoder(smollm2):
     return ProbeDecoder(model, tokenizer)
 
 
-@pytest.mark.parametrize("num_masks,budget", [(0, 32), (1, 16)])
+@pytest.mark.parametrize("num_masks,budget", [(0, 32), (1, 16), (2, "auto")])
 def test_hybrid_lossless_on_smollm2(smollm2, smol_refs, smol_decoder, num_masks, budget):
-    """One prompt of each Spec-Bench task; the public entry point for the first."""
+    """One prompt of each Spec-Bench task; the public entry point for the first.  The adaptive case
+    runs on a flat (GPU-like) cost curve so that it verifies trees with the root's masks."""
     model, _ = smollm2
     kwargs = dict(max_new_tokens=SMOL_NEW_TOKENS, drafter="hybrid", budget=budget, num_masks=num_masks,
                   return_dict_in_generate=True)
+    if budget == "auto":
+        kwargs["cost_curve"] = {1: 1.0, 64: 1.05}
     for i in range(6):
         ids = smol_refs.ids[i]
         out = probe_mtp.generate(model, ids, **kwargs) if i == 0 else smol_decoder.generate(ids, **kwargs)

@@ -23,10 +23,11 @@ def ancestors_or_self(tree: TokenTree, i: int) -> set[int]:
     return out
 
 
-def expected_layout(tree: TokenTree, k: int):
+def expected_layout(tree: TokenTree, k: int, owners=None):
     """The layout written out from the rules: input order, owners, visibility, offsets."""
     n = tree.size
-    order = [(b, 0) for b in range(n)] + [(b, j) for b in range(n) for j in range(1, k + 1)]
+    owners = range(n) if owners is None else owners
+    order = [(b, 0) for b in range(n)] + [(b, j) for b in owners for j in range(1, k + 1)]
     index = {key: q for q, key in enumerate(order)}
     total = len(order)
     visible = np.zeros((total, total), dtype=bool)
@@ -40,32 +41,47 @@ def expected_layout(tree: TokenTree, k: int):
     return order, visible, offsets
 
 
+def _owners(data, tree: TokenTree):
+    """None (masks on every node) or an increasing subset of the tree's nodes."""
+    if data.draw(st.booleans()):
+        return None
+    return sorted(data.draw(st.sets(st.integers(0, tree.size - 1))))
+
+
 @FAST
-@given(tree=bfs_trees(), k=st.integers(0, 3))
-def test_esp_layout_matches_rules(tree, k):
-    lay = esp_layout(tree, k)
+@given(tree=bfs_trees(), k=st.integers(0, 3), data=st.data())
+def test_esp_layout_matches_rules(tree, k, data):
+    owners = _owners(data, tree)
+    lay = esp_layout(tree, k, owners)
     n = tree.size
-    N = (k + 1) * n
-    assert lay.num_inputs == N == block_complexity(n, k)
+    m = n if owners is None else len(owners)
+    N = n + m * k
+    assert lay.num_inputs == N
+    if owners is None:
+        assert N == block_complexity(n, k)
     assert lay.tree_size == n and lay.num_masks == k
     assert lay.visible.shape == (N, N) and lay.visible.dtype == bool
 
-    order, visible, offsets = expected_layout(tree, k)
+    order, visible, offsets = expected_layout(tree, k, owners)
     # order of inputs: root, nodes breadth-first, then masks grouped by owner in owner order
     assert lay.owner.tolist() == [b for b, _ in order]
     assert lay.mask_index.tolist() == [j for _, j in order]
     assert lay.is_mask.tolist() == [j > 0 for _, j in order]
     assert np.array_equal(lay.visible, visible)
     assert lay.position_offsets.tolist() == offsets.tolist()
-    for b in range(n):
-        assert lay.mask_slots(b).tolist() == [n + b * k + (j - 1) for j in range(1, k + 1)]
+    for r, b in enumerate(range(n) if owners is None else owners):
+        assert lay.mask_slots(b).tolist() == [n + r * k + (j - 1) for j in range(1, k + 1)]
+    if owners is not None:
+        for b in set(range(n)) - set(owners):
+            assert lay.mask_slots(b).size == 0
 
 
 @FAST
-@given(tree=bfs_trees(), k=st.integers(0, 3))
-def test_esp_layout_attention_rules_individually(tree, k):
+@given(tree=bfs_trees(), k=st.integers(0, 3), data=st.data())
+def test_esp_layout_attention_rules_individually(tree, k, data):
     """The same rules, each stated on its own (so a failure names the rule that broke)."""
-    lay = esp_layout(tree, k)
+    owners = _owners(data, tree)
+    lay = esp_layout(tree, k, owners)
     n = tree.size
     vis = lay.visible
     is_mask = lay.mask_index > 0
@@ -77,9 +93,9 @@ def test_esp_layout_attention_rules_individually(tree, k):
         assert lay.position_offsets[i] == tree.depths[i]
     for b in range(n):
         slots = lay.mask_slots(b)
-        assert slots.size == k
-        assert lay.owner[slots].tolist() == [b] * k
-        assert lay.mask_index[slots].tolist() == list(range(1, k + 1))
+        assert slots.size == (k if owners is None or b in owners else 0)
+        assert lay.owner[slots].tolist() == [b] * slots.size
+        assert lay.mask_index[slots].tolist() == list(range(1, slots.size + 1))
         for j, q in enumerate(slots.tolist(), start=1):
             row = vis[q]
             # what b sees plus b itself (b is in its own row)
@@ -97,6 +113,13 @@ def test_esp_layout_attention_rules_individually(tree, k):
     assert np.all(lay.position_offsets[kpos] <= lay.position_offsets[qpos])
     # every row sees at least itself
     assert np.all(np.diag(vis))
+
+
+def test_esp_layout_rejects_bad_owners():
+    tree = chain(5, [1, 2])
+    for bad in ([3], [1, 1], [2, 1], [-1]):
+        with pytest.raises(ValueError, match="owners"):
+            esp_layout(tree, 1, np.array(bad))
 
 
 @FAST

@@ -1,13 +1,15 @@
 """The ESP input layout of one verification pass.
 
-Inputs, in order: ``[root | draft nodes, breadth-first | k masks of node 0 | k masks of node 1 | ...]``.
+Inputs, in order: ``[root | draft nodes, breadth-first | k masks of node 0 | k masks of node 1 | ...]``
+(or, when only some nodes carry masks, the k masks of each of those *owners* in node order).
 
 - A node at depth d has position offset d (position id ``p0 + d``, p0 the root's position) and
   attends to the cache, its ancestors and itself.
 - Mask j (1..k) of owner b has position offset ``depth(b) + j`` and attends to everything b attends
   to, plus b, plus b's masks 1..j.  It never sees other owners' masks.
 
-A layout depends only on the tree's shape and k, so callers may cache it by ``TokenTree.shape_key``.
+A layout depends only on the tree's shape, k and the owners, so callers may cache it by
+``TokenTree.shape_key``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class TreeLayout:
     - ``owner[q]``: the tree node an input belongs to (itself for nodes);
     - ``mask_index[q]``: 0 for nodes, j (1..k) for mask j;
     - ``num_pad``: padding inputs at the end (see :func:`pad_layout`); owner -1, mask index 0.
+
+    ``num_masks`` is k, the masks of each owner; ``mask_slots`` is empty for a node without masks.
     """
 
     tree_size: int
@@ -52,27 +56,35 @@ class TreeLayout:
         return np.flatnonzero((self.owner == owner) & (self.mask_index > 0))
 
 
-def esp_layout(tree: TokenTree, num_masks: int) -> TreeLayout:
-    """The layout of ``tree`` with ``num_masks`` masks per node (``num_masks=0``: nodes only)."""
+def esp_layout(tree: TokenTree, num_masks: int, owners: np.ndarray | None = None) -> TreeLayout:
+    """The layout of ``tree`` with ``num_masks`` masks on every node (``num_masks=0``: nodes only),
+    or on the nodes listed in ``owners`` only (increasing node indices; the others carry none)."""
     if num_masks < 0:
-        raise ValueError(f"num_masks must be >= 0, got {num_masks}")
+        raise ValueError(f"num_masks must be >= 0, got {num_masks!r}")
     n, k = tree.size, num_masks
-    total = n * (k + 1)
+    if owners is None:
+        owners = np.arange(n)
+    else:
+        owners = np.asarray(owners, dtype=np.int64).reshape(-1)
+        if owners.size and (owners[0] < 0 or owners[-1] >= n or np.any(np.diff(owners) <= 0)):
+            raise ValueError(f"owners must be increasing node indices below {n}, got {owners.tolist()}")
+    m = owners.size
+    total = n + m * k
     anc = tree.ancestor_matrix()  # [n, n]
 
     visible = np.zeros((total, total), dtype=bool)
     visible[:n, :n] = anc
-    owner = np.concatenate([np.arange(n), np.repeat(np.arange(n), k)])
-    mask_index = np.concatenate([np.zeros(n, dtype=np.int64), np.tile(np.arange(1, k + 1), n)])
-    if k:
+    owner = np.concatenate([np.arange(n), np.repeat(owners, k)])
+    mask_index = np.concatenate([np.zeros(n, dtype=np.int64), np.tile(np.arange(1, k + 1), m)])
+    if k and m:
         mask_rows = np.arange(n, total)
         # what the owner sees (its ancestors and itself) ...
         visible[mask_rows, :n] = anc[owner[n:]]
         # ... plus the owner's own masks 1..j: block lower-triangular per owner
         tri = np.tril(np.ones((k, k), dtype=bool))
-        blocks = visible[n:, n:].reshape(n, k, n, k)
-        blocks[np.arange(n), :, np.arange(n), :] = tri
-        visible[n:, n:] = blocks.reshape(n * k, n * k)
+        blocks = visible[n:, n:].reshape(m, k, m, k)
+        blocks[np.arange(m), :, np.arange(m), :] = tri
+        visible[n:, n:] = blocks.reshape(m * k, m * k)
     position_offsets = (tree.depths[owner] + mask_index).astype(np.int64)
     for arr in (visible, position_offsets, owner, mask_index):
         arr.setflags(write=False)

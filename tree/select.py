@@ -55,12 +55,14 @@ def keep_nodes(tree: TokenTree, keep: np.ndarray) -> TokenTree:
 def choose_node_count(
     gains: np.ndarray,
     cost: Callable[[int], float],
-    inputs_per_node: int,
+    inputs_per_node: int | Callable[[int], int],
     allowed: Callable[[int], bool] = lambda n: True,
     max_inputs: int | None = None,
 ) -> tuple[int, float]:
     """How many of the ranked draft nodes to verify: ``n`` maximising expected tokens per second,
-    ``(1 + gains[:n].sum()) / cost(inputs_per_node * (n + 1))``.
+    ``(1 + gains[:n].sum()) / cost(inputs(n + 1))``, where ``inputs(size)`` is
+    ``inputs_per_node * size``, or ``inputs_per_node(size)`` when it is a function (for layouts
+    whose masks sit on a few nodes only).
 
     ``gains[i]`` is the estimated acceptance probability of the i-th best node (expected tokens it
     adds); the 1 is the bonus token every pass yields.  Input counts for which ``allowed`` is False
@@ -69,9 +71,10 @@ def choose_node_count(
     """
     gains = np.asarray(gains, dtype=np.float64)
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
+    inputs_of = inputs_per_node if callable(inputs_per_node) else (lambda size: inputs_per_node * size)
     best_n, best_value = -1, 0.0
     for n in range(expected.shape[0]):
-        inputs = inputs_per_node * (n + 1)
+        inputs = int(inputs_of(n + 1))
         if max_inputs is not None and inputs > max_inputs:
             break
         if not allowed(inputs):

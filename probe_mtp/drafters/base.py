@@ -20,7 +20,8 @@ class StepFeedback:
     - ``new_tokens``: the tokens committed by this pass (accepted drafts + bonus), before any
       truncation at EOS or the length limit;
     - ``node_logits``: ``[tree.size, V]`` the model's logits after each node;
-    - ``mask_logits``: ``[k, V]`` logits of the deepest accepted node's masks (None when k = 0);
+    - ``mask_logits``: ``[k, V]`` logits of the deepest accepted node's masks (None when k = 0 or
+      when that node carried no masks);
     - ``context``: every committed token so far (prompt + generated), 1D numpy.
     """
 
@@ -34,7 +35,8 @@ class StepFeedback:
 
 
 class Drafter(ABC):
-    """Proposes trees; ``num_masks`` mask inputs are appended to every node of its trees."""
+    """Proposes trees; ``num_masks`` mask inputs are appended to every node of its trees, or to the
+    nodes :meth:`mask_owners` names."""
 
     name: str = "drafter"
     num_masks: int = 0
@@ -53,6 +55,12 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
         """The tree to verify next; ``context`` holds every committed token (root last)."""
+
+    def mask_owners(self, tree: TokenTree) -> np.ndarray | None:
+        """The nodes of ``tree`` (the last proposed tree) that carry the ``num_masks`` masks, in
+        increasing order; None: every node.  ``StepFeedback.mask_logits`` is None after a pass whose
+        deepest accepted node carried none."""
+        return None
 
     def observe(self, feedback: StepFeedback) -> None:
         """Learn from a verification pass (called after prefill too)."""

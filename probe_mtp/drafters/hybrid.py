@@ -12,7 +12,9 @@ from the root down to it):
   generated text, each with its longest match and its share of the votes.  Along a copied
   passage the match grows with the depth, so this source proposes long chains.
 - ``mask``: the probe (ESP), when ``num_masks`` >= 1: mask j of the previous pass's deepest
-  accepted node proposes the nodes at depth j.
+  accepted node proposes the nodes at depth j.  Only that node's masks are ever read, so they are
+  put on ``mask_nodes`` nodes (by default one: the root), not on every node; each mask costs one
+  input of the budget.
 
 Each proposal falls into a *cell* of its source (successor: key length x stored probability;
 context: match length x vote share; mask: depth x mask probability).  An online
@@ -23,8 +25,9 @@ not make it into the tree).  A token proposed by several sources takes the highe
 estimates (the sources are strongly correlated, so the estimates are not combined as if
 independent).  The tree is grown best-first (:func:`~probe_mtp.tree.grow_best_first`): the
 candidate with the highest estimated path probability is taken next, until
-``budget // (num_masks + 1) - 1`` draft nodes are taken.  Candidates are merged per token, so
-shared prefixes are one node.
+``budget - 1 - num_masks * mask_nodes`` draft nodes are taken.  Candidates are merged per token, so
+shared prefixes are one node.  The sum of a tree's node scores estimates how many of its draft
+tokens will be accepted (a budget controller can read it).
 
 The tree is not drawn at random, so sampling uses sample-and-match (exact for any tree).
 """
@@ -37,7 +40,7 @@ import numpy as np
 import torch
 
 from ..step import top_candidates
-from ..tree import TokenTree, grow_best_first, node_budget
+from ..tree import TokenTree, grow_best_first
 from .base import Drafter, StepFeedback
 from .calibration import AcceptanceCalibrator
 from .context_match import ContextIndex
@@ -73,7 +76,8 @@ class HybridDrafter(Drafter):
     """Best-first trees over the merged proposals of the successor table, context lookup and (with
     ``num_masks`` >= 1) the probe masks; see the module docstring.
 
-    Knobs: ``top_k`` successors stored per key; keys of 1..``successor_order`` tokens;
+    Knobs: ``mask_nodes``: how many nodes carry the ``num_masks`` masks (None: every node, the
+    ESP layout); ``top_k`` successors stored per key; keys of 1..``successor_order`` tokens;
     context matches of 1..``max_ngram`` tokens, at most ``context_width`` tokens proposed per
     node; ``prior_strength`` (in proposals) of the calibration priors; ``learn_from``: which
     verified nodes refresh the successor table (``"all"`` or ``"accepted"``)."""
@@ -84,6 +88,7 @@ class HybridDrafter(Drafter):
         self,
         budget: int,
         num_masks: int = 0,
+        mask_nodes: int | None = 1,
         top_k: int = 8,
         successor_order: int = 2,
         max_ngram: int = 4,
@@ -91,12 +96,20 @@ class HybridDrafter(Drafter):
         prior_strength: float = 4.0,
         learn_from: str = "all",
         prune_repeats: bool = True,
+        calibration: str = "rate",
     ):
         super().__init__(budget)
         if not isinstance(num_masks, int) or num_masks < 0:
             raise ValueError(f"num_masks must be an integer >= 0, got {num_masks!r}")
         self.num_masks = num_masks
-        node_budget(self.budget, self.num_masks)  # clear error when not even one node fits
+        if mask_nodes is not None and (not isinstance(mask_nodes, int) or mask_nodes < 1):
+            raise ValueError(f"mask_nodes must be None (every node) or an integer >= 1, got {mask_nodes!r}")
+        self.mask_nodes = mask_nodes
+        if self.max_nodes < 1:
+            raise ValueError(
+                f"budget={self.budget} is too small for the hybrid drafter with num_masks={num_masks} on "
+                f"{'every node' if mask_nodes is None else f'{mask_nodes} node(s)'}: not even one draft node fits"
+            )
         if int(context_width) < 1:
             raise ValueError(f"context_width must be >= 1, got {context_width!r}")
         if learn_from not in LEARN_FROM:
@@ -106,11 +119,38 @@ class HybridDrafter(Drafter):
         self.context_width = int(context_width)
         self.learn_from = learn_from
         self.prune_repeats = bool(prune_repeats)
-        self.calibrator = AcceptanceCalibrator(
-            default_priors(self.successors.order, self.context.max_ngram, self.num_masks), prior_strength
-        )
+        self.calibration = calibration
+        priors = default_priors(self.successors.order, self.context.max_ngram, self.num_masks)
+        if calibration == "scaled":
+            priors = {"succ": np.concatenate([np.full(NUM_PROB_BUCKETS, min(0.6 + 0.2 * n, 0.9)) for n in range(self.successors.order)]),
+                      "ngram": np.repeat(np.minimum(0.2 + 0.15 * np.arange(self.context.max_ngram), 0.8), NUM_SHARE_BUCKETS),
+                      "mask": np.full(NUM_PROB_BUCKETS * max(self.num_masks, 1), 0.6)}
+        self.calibrator = AcceptanceCalibrator(priors, prior_strength)
         self._tail_length = max(self.context.max_ngram, self.successors.order)
         self._reset()
+
+    @property
+    def max_nodes(self) -> int:
+        """Draft nodes that fit the budget: ``budget - 1 - num_masks * mask_nodes``, or
+        ``budget // (num_masks + 1) - 1`` with masks on every node (``mask_nodes=None``)."""
+        if self.mask_nodes is None or not self.num_masks:
+            return self.budget // (self.num_masks + 1) - 1
+        return self.budget - 1 - self.num_masks * self.mask_nodes
+
+    def mask_owners(self, tree: TokenTree) -> np.ndarray | None:
+        """The root, then the ``mask_nodes - 1`` other nodes most likely to be the deepest accepted
+        one (whose masks seed the next tree): node i is with probability ``score(i) - sum of its
+        children's scores`` under the calibrated estimates (ties: the earlier node).  The root
+        always carries masks: when even the first level fails the next root is usually a token
+        the other sources know least about, which is where the probe helps most."""
+        if self.mask_nodes is None:
+            return None
+        if self.mask_nodes >= tree.size:
+            return np.arange(tree.size)
+        last = tree.scores.copy()
+        np.subtract.at(last, tree.parents[1:], tree.scores[1:])
+        last[0] = np.inf
+        return np.sort(np.argsort(-last, kind="stable")[: self.mask_nodes])
 
     # ------------------------------------------------------------------ state
     def _reset(self) -> None:
@@ -133,6 +173,7 @@ class HybridDrafter(Drafter):
         self.context.extend(context)
         # per source, the estimate of each cell, with a trailing 0.0 that cell -1 (not proposed) reads
         succ, ngram, mask = (self.calibrator.all_cells(s).tolist() + [0.0] for s in SOURCES)
+        scaled = self.calibration == "scaled"
         n = self._tail_length
         # per taken node: its depth and the last n tokens of its path
         depth = [0]
@@ -145,7 +186,10 @@ class HybridDrafter(Drafter):
                 depth.append(depth[parent] + 1)
                 tail.append((tail[parent] + (token,))[-n:])
             found = proposals[node] = self._proposals_at(token, depth[node], tail[node])
-            probs = [max(succ[a], ngram[b], mask[c]) for a, b, c in found.values()]
+            if scaled:
+                probs = [min(1.0, max(sa * succ[a], sb * ngram[b], sc * mask[c])) for a, b, c, sa, sb, sc in found.values()]
+            else:
+                probs = [max(succ[a], ngram[b], mask[c]) for a, b, c, _, _, _ in found.values()]
             return list(found), probs
 
         tree, index = grow_best_first(int(root_token), expand, self.max_nodes)
@@ -189,28 +233,27 @@ class HybridDrafter(Drafter):
             previous = entry
             base = n * NUM_PROB_BUCKETS
             for tok, p in zip(*entry):
-                cells = found.get(tok)
-                if cells is None:
-                    found[tok] = [base + bisect_right(PROB_EDGES, p), -1, -1]
+                if tok not in found:
+                    found[tok] = [base + bisect_right(PROB_EDGES, p), -1, -1, p, 0.0, 0.0]
         # context matches
         tokens, length, share = self.context.votes(tail)
         for tok, ln, sh in zip(tokens[: self.context_width], length, share):
             cell = (ln - 1) * NUM_SHARE_BUCKETS + _share_bucket(sh)
             cells = found.get(tok)
             if cells is None:
-                found[tok] = [-1, cell, -1]
+                found[tok] = [-1, cell, -1, 0.0, sh, 0.0]
             else:
-                cells[NGRAM] = cell
+                cells[NGRAM], cells[3 + NGRAM] = cell, sh
         # the probe: mask j of the last pass's deepest accepted node proposes depth j
         if depth < len(self._mask_candidates):
-            for tok, cell in zip(*self._mask_candidates[depth]):
+            for tok, cell, p in zip(*self._mask_candidates[depth]):
                 if self.prune_repeats and tok == token:
                     continue
                 cells = found.get(tok)
                 if cells is None:
-                    found[tok] = [-1, -1, cell]
+                    found[tok] = [-1, -1, cell, 0.0, 0.0, p]
                 else:
-                    cells[MASK] = cell
+                    cells[MASK], cells[3 + MASK] = cell, p
         return found
 
     # ------------------------------------------------------------------ learning
@@ -234,7 +277,7 @@ class HybridDrafter(Drafter):
             toks, probs = top_candidates(feedback.mask_logits, self.successors.top_k + 1)
             for j, (t, p) in enumerate(zip(toks, probs)):
                 cells = j * NUM_PROB_BUCKETS + np.searchsorted(PROB_EDGES, p, side="right")
-                self._mask_candidates.append((t.tolist(), cells.tolist()))
+                self._mask_candidates.append((t.tolist(), cells.tolist(), p.tolist()))
 
     def _node_tails(self, tree: TokenTree) -> list[tuple[int, ...]]:
         """The last tokens of every node's path (context + draft tokens)."""
@@ -252,9 +295,12 @@ class HybridDrafter(Drafter):
             found = self._proposals.get(int(grown_of[node])) if node < grown_of.size else None
             if not found or i >= len(truth):
                 continue
-            cells = np.array(list(found.values()), dtype=np.int64)  # [candidates, sources]
+            table = np.array(list(found.values()))  # [candidates, cell of each source + score of each]
+            cells = table[:, : len(SOURCES)].astype(np.int64)
+            scores = table[:, len(SOURCES) :]
             hit = np.fromiter(found.keys(), dtype=np.int64, count=len(found)) == truth[i]
             for s, source in enumerate(SOURCES):
                 has = cells[:, s] >= 0
                 if has.any():
-                    self.calibrator.record(source, cells[has, s], hit[has])
+                    weights = scores[has, s] if self.calibration == "scaled" else None
+                    self.calibrator.record(source, cells[has, s], hit[has], weights)
