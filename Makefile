@@ -26,7 +26,7 @@ demo: setup
 	$(VENV)/bin/probe-mtp generate "Explain in three sentences why the sky is blue."
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-all: setup
 	$(PY) -m pytest -q -m ""

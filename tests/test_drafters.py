@@ -290,9 +290,10 @@ def smol_decoder(smollm2):
         ("lookahead", 30, range(6)),
         ("stand", 30, range(6)),
         ("ar", 30, range(6)),
-        ("pld", 10, (2, 5)),  # summarization, rag: where copying pays
-        ("lookahead", 10, (0, 4)),
-        ("stand", 10, (1, 3)),
+        # the small budget on two prompts each (`make test-all`)
+        pytest.param("pld", 10, (2, 5), marks=pytest.mark.slow),  # summarization, rag: where copying pays
+        pytest.param("lookahead", 10, (0, 4), marks=pytest.mark.slow),
+        pytest.param("stand", 10, (1, 3), marks=pytest.mark.slow),
     ],
 )
 def test_lossless_on_smollm2(smollm2, smol_refs, smol_decoder, drafter, budget, prompts):
