@@ -29,7 +29,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=_budget, default="auto",
                    help="'auto' (default: sized per step from this machine's cost curve) or a block complexity BC, "
                    "inputs per forward pass")
-    p.add_argument("--drafter", default="esp", help="esp (default), pld, lookahead, stand or ar")
+    p.add_argument("--drafter", default="hybrid", help="hybrid (default), esp, pld, lookahead, stand or ar")
 
 
 def _budget(text: str):

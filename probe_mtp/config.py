@@ -71,7 +71,7 @@ class ProbeConfig:
     mask_token: int | None = None
     mask_seed: int = 0
     prune_repeats: bool = True
-    drafter: str = "esp"
+    drafter: str = "hybrid"
     sampling_rule: str = "match"
     masks: object = None
     acceptance: str = "verify"

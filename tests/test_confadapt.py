@@ -81,7 +81,7 @@ def test_bad_knobs_are_clear_errors(knobs, words):
 @pytest.fixture(scope="module")
 def decoder(smollm2):
     model, tok = smollm2
-    return ProbeDecoder(model, tok)
+    return ProbeDecoder(model, tok, drafter="esp")
 
 
 @pytest.fixture(scope="module")

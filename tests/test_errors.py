@@ -39,7 +39,7 @@ CASES = {
     "batch of two": (dict(input_ids=IDS.repeat(2, 1)), ValueError, "batch size 2"),
     "too long context": (dict(input_ids=torch.full((1, 64), 3)), ValueError, "max_position_embeddings"),
     "negative max_new_tokens": (dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
-    "num_masks 0": (dict(num_masks=0), ValueError, "num_masks"),
+    "num_masks 0": (dict(drafter="esp", num_masks=0), ValueError, "num_masks"),
     "budget too small": (dict(num_masks=2, budget=5), ValueError, "budget"),
     "num_beams": (dict(num_beams=2), ValueError, "num_beams"),
     "num_return_sequences": (dict(num_return_sequences=2, do_sample=True), ValueError, "num_return_sequences"),

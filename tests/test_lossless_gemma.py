@@ -39,7 +39,7 @@ def gemma_cases(gemma3, specbench):
 
 def test_identical_to_generate_on_gemma(gemma3, gemma_cases):
     model, tok = gemma3
-    decoder = ProbeDecoder(model, tok)
+    decoder = ProbeDecoder(model, tok, drafter="esp")
     configs = [dict(num_masks=1, budget=30), dict(num_masks=2, budget=30)]
     crossed = False
     for i, (ids, max_new) in enumerate(gemma_cases):

@@ -33,7 +33,7 @@ def cases(smollm2, specbench):
 @pytest.fixture(scope="module")
 def decoder(smollm2):
     model, tok = smollm2
-    return ProbeDecoder(model, tok)
+    return ProbeDecoder(model, tok, drafter="esp")
 
 
 def _expected(ref, ids, max_new):

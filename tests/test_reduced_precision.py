@@ -28,7 +28,7 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype,prompts", [(torch.bfloat16, 4), (torch.float16, 2)], ids=["bf16", "fp16"])
 def test_reduced_precision_decodes_and_mostly_agrees(dtype, prompts, specbench):
     model, tok = probe_mtp.load_model("smollm2-135m", dtype=dtype)
-    decoder = ProbeDecoder(model, tok)
+    decoder = ProbeDecoder(model, tok, drafter="esp")
     shares = []
     for prompt in task_prompts(specbench, 1)[:prompts]:
         ids = chat_ids(tok, prompt.turns[0])

@@ -203,7 +203,7 @@ def test_real_model_first_token_distribution(smollm2):
     """Two hundred seeded draws of the first two tokens on the real model agree with plain sampling."""
     model, tok = smollm2
     ids = chat_ids(tok, "Name a color.")
-    decoder = ProbeDecoder(model, tok, num_masks=1, budget=10)
+    decoder = ProbeDecoder(model, tok, drafter="esp", num_masks=1, budget=10)
     kw = dict(do_sample=True, temperature=1.0, top_p=0.9, max_new_tokens=2)
     a = _first_tokens(lambda s: decoder.generate(ids, generator=torch.Generator().manual_seed(s), **kw), 200, 2)
 

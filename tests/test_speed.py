@@ -81,8 +81,8 @@ def test_adaptive_and_split_head_on_gemma(gemma3, specbench):
     assert SplitHead(model).usable
     decoder = ProbeDecoder(model, tok)
     prompts = [p.turns[0] for p in task_prompts(specbench, 1)][:3]
-    for text, curve in zip(prompts, [CPU_CURVE, FLAT_CURVE, FLAT_CURVE]):
+    for text, curve, drafter in zip(prompts, [CPU_CURVE, FLAT_CURVE, FLAT_CURVE], ["esp", "esp", "hybrid"]):
         ids = tok(text, return_tensors="pt")["input_ids"]
         ref = model.generate(ids, do_sample=False, max_new_tokens=32)
-        out = decoder.generate(ids, max_new_tokens=32, budget="auto", cost_curve=curve)
+        out = decoder.generate(ids, max_new_tokens=32, budget="auto", cost_curve=curve, drafter=drafter)
         assert torch.equal(out, ref)

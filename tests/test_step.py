@@ -111,7 +111,7 @@ def test_tree_passes_match_generate_on_tiny_models(make, attn):
     attention formats, sliding windows crossed many times, cache rollback), not acceptance."""
     model = make(attn)
     model.generation_config.eos_token_id = None
-    decoder = ProbeDecoder(model, num_masks=2, budget=24, mask_update=0.1)
+    decoder = ProbeDecoder(model, drafter="esp", num_masks=2, budget=24, mask_update=0.1)
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(3, 15, (1, 5 + 7 * seed), generator=g)

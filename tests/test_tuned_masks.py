@@ -202,7 +202,7 @@ def greedy_cases(smollm2):
 def test_absolute_vectors_from_a_file_are_lossless(smollm2, tmp_path, greedy_cases):
     model, tok = smollm2
     _, path = _saved(tmp_path, model, mode="absolute", k=2)
-    decoder = ProbeDecoder(model, tok)
+    decoder = ProbeDecoder(model, tok, drafter="esp")
     for ids, ref in greedy_cases[:2]:
         out = decoder.generate(ids, max_new_tokens=24, masks=str(path), num_masks=2, budget=30, mask_update=0.0)
         assert torch.equal(out, ref)
@@ -212,7 +212,7 @@ def test_bundled_vectors_are_lossless_and_accept_more(smollm2, greedy_cases):
     """The shipped SmolLM2 vectors (masks="bundled", relative mode, EMA on top): identical to
     greedy, and more tokens per pass than the untuned prompt-mean vectors on the same prompts."""
     model, tok = smollm2
-    decoder = ProbeDecoder(model, tok)
+    decoder = ProbeDecoder(model, tok, drafter="esp")
     tuned_steps = plain_steps = tuned_tokens = plain_tokens = 0
     for (ids, ref), k in zip(greedy_cases, (1, 2, 1)):
         out = decoder.generate(ids, max_new_tokens=24, masks="bundled", num_masks=k, budget=30,

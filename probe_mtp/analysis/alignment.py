@@ -142,7 +142,7 @@ def align_masks(
     ignored in favour of ``num_masks`` here, the masks per owner measured.  ``stats``: the
     vocabulary embedding statistics, needed (and computed if missing) for ``mask_init="sample"``.
     """
-    config = config or ProbeConfig()
+    config = config or ProbeConfig(drafter="esp")
     if not isinstance(num_masks, int) or isinstance(num_masks, bool) or num_masks < 1:
         raise ValueError(f"num_masks must be an integer >= 1, got {num_masks!r}")
     device = model.device

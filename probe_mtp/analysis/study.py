@@ -33,11 +33,11 @@ def mask_init_settings(token_id: int, ema: float = 0.1, seed: int = 0, budget: i
     the prompt mean frozen and with the EMA update, and frozen last-k, sample and fixed-token
     vectors (``token_id``: the fixed token)."""
     return {
-        "prompt mean": ProbeConfig(mask_init="prompt_mean", mask_update=0.0, budget=budget),
-        "prompt mean + EMA": ProbeConfig(mask_init="prompt_mean", mask_update=ema, budget=budget),
-        "last-k": ProbeConfig(mask_init="last_k", mask_update=0.0, budget=budget),
-        "sample": ProbeConfig(mask_init="sample", mask_update=0.0, mask_seed=seed, budget=budget),
-        "token": ProbeConfig(mask_init="token", mask_update=0.0, mask_token=int(token_id), budget=budget),
+        "prompt mean": ProbeConfig(drafter="esp", mask_init="prompt_mean", mask_update=0.0, budget=budget),
+        "prompt mean + EMA": ProbeConfig(drafter="esp", mask_init="prompt_mean", mask_update=ema, budget=budget),
+        "last-k": ProbeConfig(drafter="esp", mask_init="last_k", mask_update=0.0, budget=budget),
+        "sample": ProbeConfig(drafter="esp", mask_init="sample", mask_update=0.0, mask_seed=seed, budget=budget),
+        "token": ProbeConfig(drafter="esp", mask_init="token", mask_update=0.0, mask_token=int(token_id), budget=budget),
     }
 
 
@@ -87,7 +87,7 @@ def run_alignment_study(
     ``measure_tau`` it comes from ``model.generate(do_sample=False)``.  Prompts are formatted with
     the tokenizer's chat template (first turn only).
     """
-    settings = settings or {"prompt mean + EMA": ProbeConfig()}
+    settings = settings or {"prompt mean + EMA": ProbeConfig(drafter="esp")}
     if not settings:
         raise ValueError("settings must name at least one mask setting")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 2:
