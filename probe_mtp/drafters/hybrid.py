@@ -50,6 +50,8 @@ SOURCES = ("succ", "ngram", "mask")
 SUCC, NGRAM, MASK = range(len(SOURCES))
 # which verified nodes refresh the successor table: every node (Token Recycling) or the accepted path
 LEARN_FROM = ("all", "accepted")
+# how a cell's estimate is learnt: its acceptance rate, or the ratio of hits to the proposals' own scores
+CALIBRATIONS = ("rate", "scaled")
 # probability buckets of the successor and mask cells: [0, .1), [.1, .3), [.3, .6), [.6, .9), [.9, 1]
 PROB_EDGES = (0.1, 0.3, 0.6, 0.9)
 NUM_PROB_BUCKETS = len(PROB_EDGES) + 1
@@ -119,6 +121,8 @@ class HybridDrafter(Drafter):
         self.context_width = int(context_width)
         self.learn_from = learn_from
         self.prune_repeats = bool(prune_repeats)
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
         self.calibration = calibration
         priors = default_priors(self.successors.order, self.context.max_ngram, self.num_masks)
         if calibration == "scaled":

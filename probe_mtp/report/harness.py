@@ -28,6 +28,7 @@ import torch
 
 from .. import config as _config
 from ..prompts import Prompt, balanced_subset, chat_input_ids, load_prompts
+from ..tuned_masks import BUNDLED
 
 GREEDY = "generate"
 """``model.generate(do_sample=False)``: the reference (tau = 1 by definition)."""
@@ -139,7 +140,7 @@ class ReportSettings:
         if not self.masks or not self.acceptance:
             raise ValueError("--masks and --acceptance need at least one value each")
         for path in self.masks:
-            if path is not None and path != "bundled" and not Path(path).is_file():
+            if path is not None and path != BUNDLED and not Path(path).is_file():
                 raise FileNotFoundError(f"tuned mask file not found: {path}")
         for rule in self.acceptance:
             _config.ProbeConfig(acceptance=rule, threshold=self.threshold)
