@@ -119,22 +119,31 @@ def start_recording(cache: DynamicCache) -> None:
 
 def keep_accepted(cache: DynamicCache, num_new: int, keep_new: torch.Tensor) -> None:
     """After a pass that appended ``num_new`` entries, keep the previously cached entries and, of
-    the new ones, only ``keep_new`` (indices into the pass's inputs, in sequence order)."""
+    the new ones, only ``keep_new`` (indices into the pass's inputs, in increasing order).
+
+    Only the pass's own entries move: the kept ones are copied down in place over the first
+    ``len(keep_new)`` new slots and the rest is cut off (a view; the next pass's append copies the
+    layer anyway), so the step costs O(pass) rather than a copy of the whole cache."""
+    kept = int(keep_new.numel())
+    is_prefix = kept == 0 or bool((keep_new.cpu() == torch.arange(kept)).all())
+    moved: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
         if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
             continue
-        total = layer.keys.shape[-2]
-        old = total - num_new
-        if keep_new.numel() == num_new and bool((keep_new == torch.arange(num_new, device=keep_new.device)).all()):
-            idx = None
-        else:
-            idx = torch.cat([torch.arange(old, device=layer.keys.device), old + keep_new.to(layer.keys.device)])
-        if idx is not None:
-            layer.keys = layer.keys.index_select(-2, idx)
-            layer.values = layer.values.index_select(-2, idx)
+        old = layer.keys.shape[-2] - num_new
+        if not is_prefix:
+            device = layer.keys.device
+            if device not in moved:
+                moved[device] = keep_new.to(device)
+            src = moved[device] + old
+            layer.keys[:, :, old : old + kept] = layer.keys.index_select(-2, src)
+            layer.values[:, :, old : old + kept] = layer.values.index_select(-2, src)
+        if kept < num_new:
+            layer.keys = layer.keys[:, :, : old + kept, :]
+            layer.values = layer.values[:, :, : old + kept, :]
         if isinstance(layer, DynamicSlidingWindowLayer):
             # cumulative_length counted all num_new entries; the sequence grew by len(keep_new) only
-            layer.cumulative_length = layer.cumulative_length - num_new + int(keep_new.numel())
+            layer.cumulative_length = layer.cumulative_length - num_new + kept
             window = layer.sliding_window - 1
             if layer.keys.shape[-2] > window:
                 layer.keys = layer.keys[:, :, -window:, :]

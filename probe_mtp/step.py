@@ -26,7 +26,7 @@ from .tree import TokenTree, TreeLayout
 @dataclass
 class PassInputs:
     inputs_embeds: torch.Tensor  # [1, N, H]
-    attention_mask: torch.Tensor | dict  # [1, 1, N, P+N] or {"full_attention", "sliding_attention"}
+    attention_mask: torch.Tensor | dict | None  # [1, 1, N, P+N], {"full_attention", "sliding_attention"}, or None: causal
     position_ids: torch.Tensor  # [1, N]
 
 
@@ -52,6 +52,10 @@ def assemble_inputs(
         slot = torch.from_numpy(mask_rows - 1).to(device)
         mask_embeds = masks.vectors.index_select(0, slot).to(embeds.dtype)
         embeds = torch.cat([embeds[: tree.size], mask_embeds, embeds[tree.size :]], dim=0)
+    if layout.num_inputs == 1 and past_visible is None:
+        # a bare step (a lone root, no masks): plain causal decoding, so the model builds its own
+        # mask, as under model.generate (sdpa then needs none at all for one query)
+        return PassInputs(embeds[None], None, torch.tensor([[int(root_position)]], device=device))
     positions = torch.tensor(layout.position_offsets, device=device) + int(root_position)
     attn = attention_inputs(cache, layout.visible, positions, fmt, past_visible)
     return PassInputs(embeds[None], attn, positions[None])

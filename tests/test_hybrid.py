@@ -98,13 +98,31 @@ def test_successor_table_keys_latest_entry_and_lookup_order():
     single, pair = table.lookup((5, 6))
     assert single[0][0] == 3  # the later row wins under the one-token key (6,)
     assert pair[0] == [1, 2] and pair[1] == pytest.approx([0.6, 0.3], abs=1e-5)
-    assert table.lookup((4, 6))[0] is single and table.lookup((4, 6))[1] is None
+    assert table.lookup((4, 6))[0] == single and table.lookup((4, 6))[1] is None
     assert table.lookup((8,)) == [None, None]
     assert len(table) == 1
     table.reset()
     assert table.lookup((5, 6)) == [None, None]
     with pytest.raises(ValueError, match="order"):
         SuccessorTable(order=0)
+
+
+def test_successor_table_memory_is_fixed_and_colliding_keys_replace_each_other():
+    table = SuccessorTable(top_k=2, order=2, slots=1)  # every pair key hashes to the one row
+    table.update([(5, 6)], _logits([{1: 0.6}]))
+    sizes = [a.nbytes for rows in table._tables for a in (rows.tokens, rows.probs, rows.width)]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        tails = [tuple(int(t) for t in rng.integers(0, VOCAB, 2)) for _ in range(5)]
+        table.update(tails, _logits([{int(rng.integers(0, VOCAB)): 0.7} for _ in tails]))
+    assert [a.nbytes for rows in table._tables for a in (rows.tokens, rows.probs, rows.width)] == sizes
+    table.update([(5, 6), (3, 4)], _logits([{1: 0.6}, {2: 0.8}]))
+    assert table.lookup((5, 6))[1] is None  # (3, 4) took the only pair row
+    assert table.lookup((3, 4))[1][0][0] == 2
+    with pytest.raises(ValueError, match="outside"):
+        table.store([(VOCAB + 3,)], np.array([[1]]), np.array([[0.5]]))
+    with pytest.raises(ValueError, match="power of two"):
+        SuccessorTable(slots=3)
 
 
 # ---------------------------------------------------------------------- calibration

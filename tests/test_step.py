@@ -73,6 +73,26 @@ def test_keep_accepted_selects_prefix_and_path():
     assert cache.get_seq_length() == 8
 
 
+def test_keep_accepted_prefix_and_empty_keep_then_next_pass_appends_after_them():
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=1, num_key_value_heads=1,
+                         intermediate_size=8, vocab_size=16)
+    cache = _filled_cache(config, 10, 2)  # 6 cached + a pass of 4
+    keep_accepted(cache, 4, torch.tensor([0, 1]))  # a prefix of the pass: a cut, nothing moves
+    assert [layer.keys[0, 0, :, 0].tolist() for layer in cache.layers] == [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
+    new = torch.full((1, 1, 3, 2), 50.0)
+    for layer in cache.layers:
+        layer.update(new, new.clone())
+    keep_accepted(cache, 3, torch.tensor([], dtype=torch.long))  # nothing of the pass is kept
+    for layer in cache.layers:
+        assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+        layer.update(new[:, :, :2] + 1, new[:, :, :2] + 2)
+    keep_accepted(cache, 2, torch.tensor([1]))
+    for layer in cache.layers:
+        assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 51]
+        assert layer.values[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 52]
+    assert cache.get_seq_length() == 9
+
+
 def test_keep_accepted_trims_sliding_layers_to_window():
     config = Gemma3TextConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=1, num_key_value_heads=1,
                               intermediate_size=8, vocab_size=16, head_dim=2, sliding_window=4,

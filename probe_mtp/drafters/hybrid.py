@@ -232,7 +232,7 @@ class HybridDrafter(Drafter):
         # successors: the longest key's entry first; shorter keys add the tokens it lacks
         previous = None
         for n, entry in reversed(list(enumerate(self.successors.lookup(tail)))):
-            if entry is None or entry is previous:  # one row is stored under several keys
+            if entry is None or entry == previous:  # one row is stored under several keys
                 continue
             previous = entry
             base = n * NUM_PROB_BUCKETS

@@ -8,6 +8,11 @@ are stored under the node's token, replacing what was there: "the next time this
 these are its likely successors".  Token Recycling keys on the token alone; the table here also
 keys on the last 2..``order`` tokens of the node's path, which name the context more precisely,
 and :meth:`SuccessorTable.lookup` returns the entries of every key length.
+
+Memory is fixed when the table is first written and never grows: like Token Recycling's
+adjacency matrix, the one-token table is a ``[vocab, top_k]`` array, and each longer key length
+has a direct-mapped table of ``slots`` rows (a key lives in the row its hash names, so a newer
+key that hashes to the same row replaces an older one: the table forgets, it never grows).
 """
 
 from __future__ import annotations
@@ -17,28 +22,68 @@ import torch
 
 # an entry: (tokens, probabilities), most probable first
 Entry = tuple[list[int], list[float]]
+DEFAULT_SLOTS = 1 << 16
+
+
+def _last_occurrences(keys: np.ndarray) -> np.ndarray:
+    """Positions of the last occurrence of every distinct value of ``keys`` (so that, as in a
+    sequence of writes, the later row wins)."""
+    reversed_first = np.unique(keys[::-1], return_index=True)[1]
+    return keys.size - 1 - reversed_first
+
+
+class _Rows:
+    """``count`` rows of ``top_k`` (token, probability) pairs and, for hashed tables, the key each
+    row holds."""
+
+    def __init__(self, count: int, top_k: int, key_length: int):
+        # np.full writes every page now, so the process's memory does not creep up as rows fill
+        self.tokens = np.full((count, top_k), 0, dtype=np.int32)
+        self.probs = np.full((count, top_k), 0.0, dtype=np.float32)
+        self.width = np.full(count, 0, dtype=np.int16)  # stored successors; 0 = empty row
+        self.keys = np.full((count, key_length), -1, dtype=np.int64) if key_length > 1 else None
+
+    def entry(self, row: int) -> Entry:
+        w = int(self.width[row])
+        return self.tokens[row, :w].tolist(), self.probs[row, :w].tolist()
 
 
 class SuccessorTable:
     """Latest top-``top_k`` successors per context of 1..``order`` tokens (one instance per
     generation).  ``order=1`` is Token Recycling's table; longer keys name the context more
-    precisely and are found less often."""
+    precisely and are found less often.  Keys of 2..``order`` tokens share ``slots`` rows per
+    length (a power of two)."""
 
-    def __init__(self, top_k: int = 8, order: int = 2):
+    def __init__(self, top_k: int = 8, order: int = 2, slots: int = DEFAULT_SLOTS):
         if int(top_k) < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k!r}")
+        if int(top_k) > 1024:
+            raise ValueError(f"top_k must be <= 1024, got {top_k!r}")
         if int(order) < 1:
             raise ValueError(f"order must be >= 1, got {order!r}")
+        if int(slots) < 1 or int(slots) & (int(slots) - 1):
+            raise ValueError(f"slots must be a power of two, got {slots!r}")
         self.top_k = int(top_k)
         self.order = int(order)
+        self.slots = int(slots)
         self.reset()
 
     def reset(self) -> None:
-        # _tables[n - 1]: key = the last n tokens
-        self._tables: list[dict[tuple[int, ...], Entry]] = [{} for _ in range(self.order)]
+        # _tables[n - 1]: keys of n tokens; allocated on the first write, once the vocabulary is known
+        self._tables: list[_Rows] | None = None
+        self._vocab = 0
 
     def __len__(self) -> int:
-        return len(self._tables[0])
+        """Tokens that have a one-token entry."""
+        return 0 if self._tables is None else int(np.count_nonzero(self._tables[0].width))
+
+    def _allocate(self, vocab: int) -> None:
+        self._vocab = int(vocab)
+        self._tables = [_Rows(self._vocab, self.top_k, 1)]
+        self._tables += [_Rows(self.slots, self.top_k, n) for n in range(2, self.order + 1)]
+
+    def _row(self, key: tuple[int, ...]) -> int:
+        return key[0] if len(key) == 1 else hash(key) & (self.slots - 1)
 
     @torch.no_grad()
     def update(self, tails: list[tuple[int, ...]], logits: torch.Tensor) -> None:
@@ -50,18 +95,49 @@ class SuccessorTable:
         k = min(self.top_k, logits.shape[-1])
         top = torch.topk(logits, k, dim=-1)
         probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
-        self.store(tails, top.indices.cpu().numpy(), probs.double().cpu().numpy())
+        self.store(tails, top.indices.cpu().numpy(), probs.double().cpu().numpy(), vocab=logits.shape[-1])
 
-    def store(self, tails: list[tuple[int, ...]], top_tokens: np.ndarray, top_probs: np.ndarray) -> None:
+    def store(self, tails: list[tuple[int, ...]], top_tokens: np.ndarray, top_probs: np.ndarray, vocab: int | None = None) -> None:
         """:meth:`update` with each row's successors given: ``top_tokens[r]`` (most probable first)
-        with probabilities ``top_probs[r]``."""
-        toks = np.asarray(top_tokens, dtype=np.int64)[:, : self.top_k].tolist()
-        ps = np.asarray(top_probs, dtype=np.float64)[:, : self.top_k].tolist()
-        for r, tail in enumerate(tails):
-            entry = (toks[r], ps[r])
-            for n in range(1, min(self.order, len(tail)) + 1):
-                self._tables[n - 1][tuple(tail[-n:])] = entry
+        with probabilities ``top_probs[r]``.  ``vocab`` sizes the one-token table on the first
+        write (default: one past the largest token seen)."""
+        toks = np.asarray(top_tokens, dtype=np.int64)[:, : self.top_k]
+        ps = np.asarray(top_probs, dtype=np.float64)[:, : self.top_k]
+        if self._tables is None:
+            largest = max([max(t) for t in tails if t] + [int(toks.max(initial=0))])
+            self._allocate(vocab if vocab is not None else largest + 1)
+        width = toks.shape[1]
+        for n, table in enumerate(self._tables, start=1):
+            rows = [r for r, tail in enumerate(tails) if len(tail) >= n]
+            if not rows:
+                continue
+            keys = [tuple(tails[r][-n:]) for r in rows]
+            where = np.fromiter((self._row(key) for key in keys), dtype=np.int64, count=len(keys))
+            if n == 1 and where.max() >= self._vocab:
+                raise ValueError(f"token {int(where.max())} is outside the table's vocabulary of {self._vocab}")
+            last = _last_occurrences(where)
+            src = np.asarray(rows, dtype=np.int64)[last]
+            at = where[last]
+            table.tokens[at, :width] = toks[src]
+            table.probs[at, :width] = ps[src]
+            table.width[at] = width
+            if table.keys is not None:
+                table.keys[at] = np.asarray(keys, dtype=np.int64)[last]
 
     def lookup(self, tail: tuple[int, ...]) -> list[Entry | None]:
         """The entries under the last 1, 2, ..., ``order`` tokens of ``tail`` (None where absent)."""
-        return [self._tables[n - 1].get(tuple(tail[-n:])) if len(tail) >= n else None for n in range(1, self.order + 1)]
+        out: list[Entry | None] = [None] * self.order
+        if self._tables is None:
+            return out
+        for n in range(1, min(self.order, len(tail)) + 1):
+            key = tuple(tail[-n:])
+            table = self._tables[n - 1]
+            if n == 1:
+                if not 0 <= key[0] < self._vocab or not table.width[key[0]]:
+                    continue
+                out[0] = table.entry(key[0])
+                continue
+            row = self._row(key)
+            if table.width[row] and tuple(table.keys[row].tolist()) == key:
+                out[n - 1] = table.entry(row)
+        return out
