@@ -28,6 +28,9 @@ from .tuned_masks import TunedMaskStore
 from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
 
 LAYOUT_CACHE_SIZE = 256
+# mask inputs whose logits are computed in the same output-layer call as the nodes' (the output
+# layer costs a read of its whole weight per call, a few rows more cost little)
+EAGER_MASK_ROWS = 8
 
 
 @dataclass
@@ -335,13 +338,22 @@ class _Run:
 
     def verify_pass(self, tree: TokenTree, layout: TreeLayout, inputs: PassInputs):
         """One forward pass: node logits ``[tree.size, V]`` and a function giving the logits of a
-        node's masks.  With the split head the output layer runs only on the nodes, and later on
-        the one owner's masks whose logits are used."""
+        node's masks.  With the split head the output layer runs only on the nodes (and on the
+        masks when there are at most ``EAGER_MASK_ROWS``), and later on the one owner's masks whose
+        logits are used."""
         t0 = time.perf_counter()
         if self.head is not None:
             hidden = backbone_pass(self.head, self.cache, inputs)
-            node_logits = self.head.logits(hidden[: tree.size])
-            rows_of = lambda slots: self.head.logits(hidden[torch.from_numpy(slots)])  # noqa: E731
+            end = layout.num_inputs - layout.num_pad
+            if end - tree.size <= EAGER_MASK_ROWS:
+                # few mask inputs (masks on the root only, say): their rows ride along with the
+                # nodes', since a second call would read the whole output layer again
+                logits = self.head.logits(hidden[:end])
+                node_logits = logits[: tree.size]
+                rows_of = lambda slots: logits[torch.from_numpy(slots)]  # noqa: E731
+            else:
+                node_logits = self.head.logits(hidden[: tree.size])
+                rows_of = lambda slots: self.head.logits(hidden[torch.from_numpy(slots)])  # noqa: E731
         else:
             logits = forward_pass(self.dec.model, self.cache, inputs)
             node_logits = logits[: tree.size]
