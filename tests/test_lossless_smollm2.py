@@ -12,7 +12,7 @@ from probe_mtp.prompts import TASKS, balanced_subset
 from conftest import chat_ids
 from oracle import OracleDrafter
 
-MAX_NEW = 128
+MAX_NEW = 96
 PER_TASK = 2  # 12 prompts, every task
 
 
@@ -40,12 +40,12 @@ def _expected(ref, ids, max_new):
     return ref[:, : ids.shape[1] + max_new]
 
 
-# (num_masks, budget, new tokens, which prompts): 12 + 12 + 12 + 6 = 42 prompt/configuration pairs;
-# the default run checks the paper's two settings (24 pairs), `make test-all` all four
+# (num_masks, budget, new tokens, which prompts): 12 + 12 + 6 + 6 = 36 prompt/configuration pairs;
+# the default run checks the paper's two settings (18 pairs), `make test-all` all four
 CONFIGS = [
     pytest.param(1, 10, 48, slice(None), id="k1-bc10", marks=pytest.mark.slow),
     pytest.param(1, 30, MAX_NEW, slice(None), id="k1-bc30"),
-    pytest.param(2, 60, 48, slice(None), id="k2-bc60"),
+    pytest.param(2, 60, 48, slice(1, None, 2), id="k2-bc60"),
     pytest.param(2, 30, 32, slice(0, None, 2), id="k2-bc30", marks=pytest.mark.slow),
 ]
 
@@ -86,14 +86,14 @@ def test_mask_strategies_stay_lossless(decoder, cases, knobs):
 def test_length_limit_inside_a_block(decoder, cases):
     """max_new_tokens that fall inside accepted blocks: the output stops exactly there."""
     hit_inside = False
-    for _, ids, ref in cases[:6]:
+    for _, ids, ref in cases[:4]:
         full = decoder.generate(ids, max_new_tokens=40, num_masks=2, budget=60, return_dict_in_generate=True)
         # cumulative token counts after each step; a limit strictly inside a multi-token step
         counts = [1]
         for n in full.stats.accepted_lengths:
             counts.append(counts[-1] + n)
         inside = [c - 1 for c, n in zip(counts[1:], full.stats.accepted_lengths) if n > 1]
-        for limit in inside[:2]:
+        for limit in inside[:1]:
             hit_inside = True
             out = decoder.generate(ids, max_new_tokens=limit, num_masks=2, budget=60)
             assert torch.equal(out, _expected(ref, ids, limit))
