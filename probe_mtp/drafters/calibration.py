@@ -55,12 +55,8 @@ class AcceptanceCalibrator:
         m = self.strength
         return (self.hits[source] + m * self.priors[source]) / (self.trials[source] + m)
 
-    def record(self, source: str, cells: np.ndarray, accepted: np.ndarray, weights: np.ndarray | None = None) -> None:
-        """Count tested proposals of ``source`` (one per entry of ``cells``) and which were accepted.
-
-        With ``weights`` (each proposal's own probability score), a cell counts expected hits
-        instead of proposals, and its estimate becomes the ratio of observed to expected hits: the
-        factor that calibrates the scores of that cell."""
+    def record(self, source: str, cells: np.ndarray, accepted: np.ndarray) -> None:
+        """Count tested proposals of ``source`` (one per entry of ``cells``) and which were accepted."""
         cells = np.asarray(cells, dtype=np.int64)
-        np.add.at(self.trials[source], cells, 1.0 if weights is None else np.asarray(weights, dtype=np.float64))
+        np.add.at(self.trials[source], cells, 1.0)
         np.add.at(self.hits[source], cells, np.asarray(accepted, dtype=np.float64))

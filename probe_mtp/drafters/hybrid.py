@@ -50,8 +50,6 @@ SOURCES = ("succ", "ngram", "mask")
 SUCC, NGRAM, MASK = range(len(SOURCES))
 # which verified nodes refresh the successor table: every node (Token Recycling) or the accepted path
 LEARN_FROM = ("all", "accepted")
-# how a cell's estimate is learnt: its acceptance rate, or the ratio of hits to the proposals' own scores
-CALIBRATIONS = ("rate", "scaled")
 # probability buckets of the successor and mask cells: [0, .1), [.1, .3), [.3, .6), [.6, .9), [.9, 1]
 PROB_EDGES = (0.1, 0.3, 0.6, 0.9)
 NUM_PROB_BUCKETS = len(PROB_EDGES) + 1
@@ -98,7 +96,6 @@ class HybridDrafter(Drafter):
         prior_strength: float = 4.0,
         learn_from: str = "all",
         prune_repeats: bool = True,
-        calibration: str = "rate",
     ):
         super().__init__(budget)
         if not isinstance(num_masks, int) or num_masks < 0:
@@ -121,14 +118,7 @@ class HybridDrafter(Drafter):
         self.context_width = int(context_width)
         self.learn_from = learn_from
         self.prune_repeats = bool(prune_repeats)
-        if calibration not in CALIBRATIONS:
-            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
-        self.calibration = calibration
         priors = default_priors(self.successors.order, self.context.max_ngram, self.num_masks)
-        if calibration == "scaled":
-            priors = {"succ": np.concatenate([np.full(NUM_PROB_BUCKETS, min(0.6 + 0.2 * n, 0.9)) for n in range(self.successors.order)]),
-                      "ngram": np.repeat(np.minimum(0.2 + 0.15 * np.arange(self.context.max_ngram), 0.8), NUM_SHARE_BUCKETS),
-                      "mask": np.full(NUM_PROB_BUCKETS * max(self.num_masks, 1), 0.6)}
         self.calibrator = AcceptanceCalibrator(priors, prior_strength)
         self._tail_length = max(self.context.max_ngram, self.successors.order)
         self._reset()
@@ -177,7 +167,6 @@ class HybridDrafter(Drafter):
         self.context.extend(context)
         # per source, the estimate of each cell, with a trailing 0.0 that cell -1 (not proposed) reads
         succ, ngram, mask = (self.calibrator.all_cells(s).tolist() + [0.0] for s in SOURCES)
-        scaled = self.calibration == "scaled"
         n = self._tail_length
         # per taken node: its depth and the last n tokens of its path
         depth = [0]
@@ -190,11 +179,7 @@ class HybridDrafter(Drafter):
                 depth.append(depth[parent] + 1)
                 tail.append((tail[parent] + (token,))[-n:])
             found = proposals[node] = self._proposals_at(token, depth[node], tail[node])
-            if scaled:
-                probs = [min(1.0, max(sa * succ[a], sb * ngram[b], sc * mask[c])) for a, b, c, sa, sb, sc in found.values()]
-            else:
-                probs = [max(succ[a], ngram[b], mask[c]) for a, b, c, _, _, _ in found.values()]
-            return list(found), probs
+            return list(found), [max(succ[a], ngram[b], mask[c]) for a, b, c in found.values()]
 
         tree, index = grow_best_first(int(root_token), expand, self.max_nodes)
         self._proposals = proposals
@@ -238,26 +223,26 @@ class HybridDrafter(Drafter):
             base = n * NUM_PROB_BUCKETS
             for tok, p in zip(*entry):
                 if tok not in found:
-                    found[tok] = [base + bisect_right(PROB_EDGES, p), -1, -1, p, 0.0, 0.0]
+                    found[tok] = [base + bisect_right(PROB_EDGES, p), -1, -1]
         # context matches
         tokens, length, share = self.context.votes(tail)
         for tok, ln, sh in zip(tokens[: self.context_width], length, share):
             cell = (ln - 1) * NUM_SHARE_BUCKETS + _share_bucket(sh)
             cells = found.get(tok)
             if cells is None:
-                found[tok] = [-1, cell, -1, 0.0, sh, 0.0]
+                found[tok] = [-1, cell, -1]
             else:
-                cells[NGRAM], cells[3 + NGRAM] = cell, sh
+                cells[NGRAM] = cell
         # the probe: mask j of the last pass's deepest accepted node proposes depth j
         if depth < len(self._mask_candidates):
-            for tok, cell, p in zip(*self._mask_candidates[depth]):
+            for tok, cell in zip(*self._mask_candidates[depth]):
                 if self.prune_repeats and tok == token:
                     continue
                 cells = found.get(tok)
                 if cells is None:
-                    found[tok] = [-1, -1, cell, 0.0, 0.0, p]
+                    found[tok] = [-1, -1, cell]
                 else:
-                    cells[MASK], cells[3 + MASK] = cell, p
+                    cells[MASK] = cell
         return found
 
     # ------------------------------------------------------------------ learning
@@ -281,7 +266,7 @@ class HybridDrafter(Drafter):
             toks, probs = top_candidates(feedback.mask_logits, self.successors.top_k + 1)
             for j, (t, p) in enumerate(zip(toks, probs)):
                 cells = j * NUM_PROB_BUCKETS + np.searchsorted(PROB_EDGES, p, side="right")
-                self._mask_candidates.append((t.tolist(), cells.tolist(), p.tolist()))
+                self._mask_candidates.append((t.tolist(), cells.tolist()))
 
     def _node_tails(self, tree: TokenTree) -> list[tuple[int, ...]]:
         """The last tokens of every node's path (context + draft tokens)."""
@@ -299,12 +284,9 @@ class HybridDrafter(Drafter):
             found = self._proposals.get(int(grown_of[node])) if node < grown_of.size else None
             if not found or i >= len(truth):
                 continue
-            table = np.array(list(found.values()))  # [candidates, cell of each source + score of each]
-            cells = table[:, : len(SOURCES)].astype(np.int64)
-            scores = table[:, len(SOURCES) :]
+            cells = np.array(list(found.values()), dtype=np.int64)  # [candidates, cell of each source]
             hit = np.fromiter(found.keys(), dtype=np.int64, count=len(found)) == truth[i]
             for s, source in enumerate(SOURCES):
                 has = cells[:, s] >= 0
                 if has.any():
-                    weights = scores[has, s] if self.calibration == "scaled" else None
-                    self.calibrator.record(source, cells[has, s], hit[has], weights)
+                    self.calibrator.record(source, cells[has, s], hit[has])
