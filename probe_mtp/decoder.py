@@ -18,6 +18,7 @@ from .adaptive import AdaptiveBudget, FixedBudget
 from .config import ProbeConfig
 from .confadapt import ConfAdaptRule, graft_chain
 from .cost import CostCurve, cost_curve_for
+from .heap import heap_trimmer
 from .drafters import Drafter, StepFeedback, make_drafter
 from .head import SplitHead
 from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
@@ -28,6 +29,8 @@ from .tuned_masks import TunedMaskStore
 from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
 
 LAYOUT_CACHE_SIZE = 256
+# the KV cache is reserved for the prompt plus at most this many new tokens (then it grows)
+RESERVE_AHEAD = 4096
 # mask inputs whose logits are computed in the same output-layer call as the nodes' (the output
 # layer costs a read of its whole weight per call, a few rows more cost little)
 EAGER_MASK_ROWS = 8
@@ -241,7 +244,9 @@ class _Run:
         self.confadapt = ConfAdaptRule(req.config.threshold) if req.config.acceptance == "confadapt" else None
         if self.confadapt is not None and req.do_sample:
             raise ValueError("acceptance='confadapt' is a greedy rule; use do_sample=False (or acceptance='verify')")
-        self.cache = new_cache(decoder.model)
+        # room for the whole generation and one more pass (a longer one grows the buffer once)
+        reserve = min(req.max_length, self.prompt_len + RESERVE_AHEAD) + req.config.max_budget
+        self.cache = new_cache(decoder.model, capacity=reserve)
         start_recording(self.cache)
         self.policy = decoder.budget_policy(req.config, drafter)
         self.head = decoder.split_head if decoder.split_head.usable else None
@@ -401,8 +406,11 @@ class _Run:
         if not self.done:
             self.prefill()
             self.stats.prefill_seconds = time.perf_counter() - t0
+        trim_heap = heap_trimmer(self.device)
         while not self.done:
             self.step()
+            if trim_heap is not None:
+                trim_heap()
         if self.req.streamer is not None:
             self.req.streamer.end()
         self.stats.seconds = time.perf_counter() - t0

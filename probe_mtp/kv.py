@@ -1,9 +1,13 @@
 """The KV cache of a decoding run: creation, checks, attention inputs for a pass, and rollback to
 the accepted path.
 
-transformers 5 offers no public selection along the sequence, so after each pass every layer keeps
-``cached prefix + accepted inputs`` by ``index_select`` on its keys and values.  Sliding-window
-layers record the past during a pass (``activate_past_recording``) and are trimmed back to their
+Full-attention layers are :class:`ReservedLayer`: their keys and values live in one buffer sized for
+the whole generation, each pass writes its entries in place and the layer's ``keys``/``values`` are
+views of the filled part.  So the cache never re-allocates while decoding (a ``DynamicLayer``
+concatenates a new copy of itself at every pass), and memory stays flat.  After each pass the
+accepted inputs' entries are copied down over the pass's first slots and the rest is cut off.
+Sliding-window layers (bounded by their window) stay transformers' ``DynamicSlidingWindowLayer``:
+they record the past during a pass (``activate_past_recording``) and are trimmed back to their
 window afterwards, with ``cumulative_length`` set to the committed length.
 """
 
@@ -18,15 +22,77 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from .tree import additive_mask, full_attention_mask, sliding_attention_mask
 
 SUPPORTED_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+GROW_TOKENS = 1024  # a reserved layer that runs out of room grows by at least this many entries
 
 
 class UnsupportedModelError(ValueError):
     """The model cannot be decoded with tree verification (no KV cache, recurrent state, ...)."""
 
 
-def new_cache(model) -> DynamicCache:
+class ReservedLayer(DynamicLayer):
+    """A full-attention cache layer whose entries live in one buffer of ``capacity`` positions,
+    allocated at the first write (the prompt) and written in place by every later pass.
+
+    ``keys`` and ``values`` are views ``buffer[:, :, :length]``, so everything that reads a
+    ``DynamicLayer`` (masks, sequence length, rollback by slicing) reads this one alike.  A pass that
+    would overflow the buffer moves it to a larger one (by at least ``GROW_TOKENS``), which a
+    capacity sized from ``max_length`` never needs."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = int(capacity)
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._allocate(key_states, value_states, max(self.capacity, key_states.shape[-2]), 0)
+        self.is_initialized = True
+
+    def _allocate(self, key_like: torch.Tensor, value_like: torch.Tensor, capacity: int, keep: int) -> None:
+        b, h, _, d = key_like.shape
+        keys = key_like.new_zeros((b, h, capacity, d))
+        values = value_like.new_zeros((b, h, capacity, value_like.shape[-1]))
+        if keep:
+            keys[:, :, :keep] = self.keys
+            values[:, :, :keep] = self.values
+        self._key_buffer, self._value_buffer = keys, values
+        self.keys, self.values = keys[:, :, :keep], values[:, :, :keep]
+        self.capacity = capacity
+
+    def _holds_buffer_prefix(self) -> bool:
+        """``keys`` is still a prefix view of the buffer (not replaced by a tensor of its own)."""
+        return (
+            self.keys is not None
+            and self.keys.data_ptr() == self._key_buffer.data_ptr()
+            and self.values.data_ptr() == self._value_buffer.data_ptr()
+            and self.keys.shape[:2] == self._key_buffer.shape[:2]
+        )
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = 0 if self.keys is None or self.keys.numel() == 0 else self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if start and not self._holds_buffer_prefix():
+            self._allocate(key_states, value_states, max(self.capacity, end), start)  # adopt a replaced tensor
+        elif end > self.capacity:
+            self._allocate(key_states, value_states, max(end, self.capacity + GROW_TOKENS), start)
+        self._key_buffer[:, :, start:end] = key_states
+        self._value_buffer[:, :, start:end] = value_states
+        self.keys = self._key_buffer[:, :, :end]
+        self.values = self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        super().reset()
+        self._key_buffer = self._value_buffer = None
+
+
+def new_cache(model, capacity: int | None = None) -> DynamicCache:
     """A fresh ``DynamicCache`` for ``model``, checked to hold only attention layers that can be
-    rolled back."""
+    rolled back.  With ``capacity``, its full-attention layers are :class:`ReservedLayer` buffers of
+    that many positions."""
     try:
         cache = DynamicCache(config=model.config)
     except Exception as exc:  # noqa: BLE001 - report any failure as unsupported
@@ -40,6 +106,8 @@ def new_cache(model) -> DynamicCache:
             "cannot be rolled back to an accepted tree path; probe-mtp supports attention models with "
             "full or sliding-window KV caches"
         )
+    if capacity is not None:
+        cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 
@@ -122,8 +190,8 @@ def keep_accepted(cache: DynamicCache, num_new: int, keep_new: torch.Tensor) -> 
     the new ones, only ``keep_new`` (indices into the pass's inputs, in increasing order).
 
     Only the pass's own entries move: the kept ones are copied down in place over the first
-    ``len(keep_new)`` new slots and the rest is cut off (a view; the next pass's append copies the
-    layer anyway), so the step costs O(pass) rather than a copy of the whole cache."""
+    ``len(keep_new)`` new slots and the rest is cut off (a view; in a :class:`ReservedLayer` the
+    next pass writes over it), so the step costs O(pass) rather than a copy of the whole cache."""
     kept = int(keep_new.numel())
     is_prefix = kept == 0 or bool((keep_new.cpu() == torch.arange(kept)).all())
     moved: dict[torch.device, torch.Tensor] = {}

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig
+from transformers.cache_utils import DynamicLayer
 from transformers import Gemma3ForCausalLM, LlamaForCausalLM
 
 from probe_mtp import ProbeDecoder
-from probe_mtp.kv import keep_accepted, start_recording
+from probe_mtp.heap import heap_trimmer
+from probe_mtp.kv import GROW_TOKENS, ReservedLayer, keep_accepted, new_cache, start_recording
 from probe_mtp.step import node_targets, top_candidates
 from probe_mtp.verify import accept_greedy
 from probe_mtp.tree import TokenTree
@@ -53,8 +55,11 @@ def test_node_targets_and_top_candidates():
     assert toks[0].shape == (3,)
 
 
-def _filled_cache(config, length, num_layers):
+def _filled_cache(config, length, num_layers, capacity=None):
     cache = DynamicCache(config=config)
+    if capacity is not None:  # reserved full-attention layers, as decoding uses them
+        cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer
+                        for layer in cache.layers]
     start_recording(cache)
     for i in range(num_layers):
         k = torch.arange(length, dtype=torch.float32).view(1, 1, length, 1).expand(1, 1, length, 2).clone()
@@ -62,10 +67,14 @@ def _filled_cache(config, length, num_layers):
     return cache
 
 
-def test_keep_accepted_selects_prefix_and_path():
+RESERVED = pytest.mark.parametrize("capacity", [None, 16], ids=["dynamic", "reserved"])
+
+
+@RESERVED
+def test_keep_accepted_selects_prefix_and_path(capacity):
     config = LlamaConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=1, num_key_value_heads=1,
                          intermediate_size=8, vocab_size=16)
-    cache = _filled_cache(config, 10, 2)  # 6 cached + a pass of 4 new entries
+    cache = _filled_cache(config, 10, 2, capacity)  # 6 cached + a pass of 4 new entries
     keep_accepted(cache, 4, torch.tensor([0, 2]))
     for layer in cache.layers:
         assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 8]
@@ -73,10 +82,11 @@ def test_keep_accepted_selects_prefix_and_path():
     assert cache.get_seq_length() == 8
 
 
-def test_keep_accepted_prefix_and_empty_keep_then_next_pass_appends_after_them():
+@RESERVED
+def test_keep_accepted_prefix_and_empty_keep_then_next_pass_appends_after_them(capacity):
     config = LlamaConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=1, num_key_value_heads=1,
                          intermediate_size=8, vocab_size=16)
-    cache = _filled_cache(config, 10, 2)  # 6 cached + a pass of 4
+    cache = _filled_cache(config, 10, 2, capacity)  # 6 cached + a pass of 4
     keep_accepted(cache, 4, torch.tensor([0, 1]))  # a prefix of the pass: a cut, nothing moves
     assert [layer.keys[0, 0, :, 0].tolist() for layer in cache.layers] == [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
     new = torch.full((1, 1, 3, 2), 50.0)
@@ -93,17 +103,57 @@ def test_keep_accepted_prefix_and_empty_keep_then_next_pass_appends_after_them()
     assert cache.get_seq_length() == 9
 
 
-def test_keep_accepted_trims_sliding_layers_to_window():
+@RESERVED
+def test_keep_accepted_trims_sliding_layers_to_window(capacity):
     config = Gemma3TextConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=1, num_key_value_heads=1,
                               intermediate_size=8, vocab_size=16, head_dim=2, sliding_window=4,
                               layer_types=["sliding_attention", "full_attention"])
-    cache = _filled_cache(config, 9, 2)  # 5 committed + a pass of 4
+    cache = _filled_cache(config, 9, 2, capacity)  # 5 committed + a pass of 4
     sliding, full = cache.layers
     keep_accepted(cache, 4, torch.tensor([0, 3]))
     assert sliding.cumulative_length == 7
     # the window keeps the last sliding_window - 1 = 3 committed entries: positions 4, 5 (node 0), 8 (node 3)
     assert sliding.keys[0, 0, :, 0].tolist() == [4, 5, 8]
     assert full.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 8]
+
+
+def test_reserved_layer_writes_in_place_grows_when_full_and_adopts_replaced_tensors():
+    layer = ReservedLayer(capacity=8)
+    rows = lambda a, b: torch.arange(a, b, dtype=torch.float32).view(1, 1, -1, 1).expand(1, 2, -1, 3).clone()  # noqa: E731
+    keys, values = layer.update(rows(0, 5), rows(0, 5) + 100)
+    buffer = layer.keys.data_ptr()
+    assert keys.shape == (1, 2, 5, 3) and layer.get_seq_length() == 5
+    layer.update(rows(5, 8), rows(5, 8) + 100)  # fills the buffer exactly: no new allocation
+    assert layer.keys.data_ptr() == buffer and layer.capacity == 8
+    cache = DynamicCache()
+    cache.layers = [layer]
+    keep_accepted(cache, 3, torch.tensor([2]))  # keep entry 7 only: [0..4, 7]
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 7] and layer.keys.data_ptr() == buffer
+    layer.update(rows(20, 25), rows(20, 25) + 100)  # 6 + 5 > 8: moves to a larger buffer once
+    assert layer.capacity == 8 + GROW_TOKENS
+    assert layer.keys[0, 1, :, 0].tolist() == [0, 1, 2, 3, 4, 7, 20, 21, 22, 23, 24]
+    assert layer.values[0, 1, :, 2].tolist() == [100, 101, 102, 103, 104, 107, 120, 121, 122, 123, 124]
+    grown = layer.keys.data_ptr()
+    layer.update(rows(30, 31), rows(30, 31))
+    assert layer.keys.data_ptr() == grown
+    layer.keys, layer.values = layer.keys[:, :, :4].clone(), layer.values[:, :, :4].clone()  # replaced from outside
+    layer.update(rows(40, 41), rows(40, 41))
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 40]
+
+
+def test_decoding_cache_is_reserved_and_never_reallocated():
+    """A whole generation writes into the buffers reserved at the prompt: same storage at the end."""
+    model = _tiny_llama("sdpa")
+    model.generation_config.eos_token_id = None
+    cache = new_cache(model, capacity=64)
+    assert all(isinstance(layer, ReservedLayer) for layer in cache.layers)
+    ids = torch.randint(1, 15, (1, 12), generator=torch.Generator().manual_seed(1))
+    model(input_ids=ids, cache=cache, use_cache=True)
+    first = [layer.keys.data_ptr() for layer in cache.layers]
+    for i in range(40):
+        model(input_ids=ids[:, i % 12 : i % 12 + 1], cache=cache, use_cache=True)
+    assert [layer.keys.data_ptr() for layer in cache.layers] == first
+    assert cache.get_seq_length() == 52
 
 
 def _tiny_llama(attn: str):
@@ -152,3 +202,10 @@ def test_tree_passes_match_generate_on_tiny_models(make, attn):
         res = decoder.generate(ids, max_new_tokens=40, eos_token_id=eos, drafter=OracleDrafter(continuation, ids.shape[1]))
         assert torch.equal(res, ref_eos)
         assert res[0, -1].item() == eos
+
+
+def test_heap_trimmer_runs_on_the_cpu_and_is_skipped_elsewhere():
+    trim = heap_trimmer(torch.device("cpu"))
+    if trim is not None:  # glibc: malloc_trim returns 0 or 1
+        assert trim() in (0, 1)
+    assert heap_trimmer(torch.device("meta")) is None

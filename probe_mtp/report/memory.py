@@ -2,8 +2,10 @@
 
 Resident memory (RSS, from ``/proc/self/statm``) is sampled every few milliseconds by a thread
 while the generation runs.  Each method runs in its own process, so memory freed by one cannot be
-reused by the next.  Reported: RSS before the generation, its peak during it, and the growth over
-the second half of the generation (where only the KV cache should grow).
+reused by the next.  Reported: RSS before the generation, its peak during it, the growth of the peak
+over the second half of the generation (where only the KV cache should grow), and the steady
+growth: the median RSS over the last tenth of the generation minus that over the first tenth
+(transient spikes of single passes do not count).
 
 Run as ``python -m probe_mtp.report.memory --method esp --tokens 1024``; ``compare_memory`` runs it
 for several methods and collects the JSON lines.
@@ -79,6 +81,9 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None) -> d
     mid = start + (end - start) / 2
     first_half = [r for t, r in samples if t <= mid] or [samples[0][1]]
     second_half = [r for t, r in samples if t > mid] or [samples[-1][1]]
+    tenth = max(1, len(samples) // 10)
+    first_tenth = sorted(r for _, r in samples[:tenth])
+    last_tenth = sorted(r for _, r in samples[-tenth:])
     return {
         "method": method,
         "new_tokens": int(out.shape[1] - ids.shape[1]),
@@ -86,6 +91,7 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None) -> d
         "peak_mb": max(r for _, r in samples) / 2**20,
         "peak_growth_mb": (max(r for _, r in samples) - before) / 2**20,
         "second_half_growth_mb": (max(second_half) - max(first_half)) / 2**20,
+        "steady_growth_mb": (last_tenth[len(last_tenth) // 2] - first_tenth[len(first_tenth) // 2]) / 2**20,
         "samples": len(samples),
         "seconds": end - start,
     }
