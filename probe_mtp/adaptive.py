@@ -4,7 +4,8 @@ maximises expected tokens per second on this machine.
 Expected tokens of a tree = 1 (the bonus token) + the sum over its draft nodes of the probability
 that the node is accepted.  That probability is estimated from the drafter's own score for the node
 (its cumulative probability) times a per-depth calibration factor learnt online from what
-verification actually accepted.  Cost comes from the machine's :class:`~probe_mtp.cost.CostCurve`.
+verification actually accepted.  Cost comes from the machine's :class:`~probe_mtp.cost.CostCurve`
+at the context length decoding has reached (wide passes grow dearer as the cache grows).
 
 With masks (``k`` per node) a pass over ``n`` draft nodes has ``(k+1)(n+1)`` inputs; a mask-free
 pass has ``n+1``.  A drafter that puts its masks on a few nodes only (``mask_nodes``, chosen by its
@@ -27,6 +28,7 @@ from .tree import TokenTree, best_order, choose_node_count, keep_nodes, path_mon
 
 MAX_DEPTH_TRACKED = 64
 MAX_BACKOFF = 64
+CONTEXT_BUCKET = 64  # the cost tables follow the context in steps of this many tokens
 
 
 @dataclass
@@ -99,17 +101,27 @@ class AdaptiveBudget:
         self.mask_owners = mask_owners
         self.mask_nodes = None if mask_owners is None else mask_nodes
         self.max_inputs = int(max_inputs)
-        costs = np.array([curve.cost(int(n)) for n in range(1, self.max_inputs + 1)])
-        # a pass of N inputs is padded to the size M >= N that costs least (the 2-3 input CPU trap:
-        # 4 or 8 inputs can cost less than 2), so N effectively costs min over M >= N of c(M)
-        suffix_best = np.array([n + int(np.argmin(costs[n:])) for n in range(costs.shape[0])])
-        self.pad_to = np.concatenate([[0], suffix_best + 1])
-        self.cost_table = np.concatenate([[0.0], costs[suffix_best]])
+        self.curve = curve
+        self._tables: dict[int | None, tuple[np.ndarray, np.ndarray]] = {}
+        self._use_context(None)
         self.calibration = DepthCalibration()
         self.mask_free = mask_free
         self.free_steps = 0
         self.backoff = 1
         self.choices = {"mask": 0, "free": 0, "probe": 0}
+
+    def _use_context(self, context: int | None) -> None:
+        """Cost the pass sizes at ``context`` cached tokens (the middle of its bucket)."""
+        key = None
+        if context is not None and self.curve.long_seconds is not None:
+            key = (int(context) // CONTEXT_BUCKET) * CONTEXT_BUCKET + CONTEXT_BUCKET // 2
+        if key not in self._tables:
+            costs = np.array([self.curve.cost(n, key) for n in range(1, self.max_inputs + 1)])
+            # a pass of N inputs is padded to the size M >= N that costs least (the 2-3 input CPU
+            # trap: 4 or 8 inputs can cost less than 2), so N effectively costs min over M >= N of c(M)
+            suffix_best = np.array([n + int(np.argmin(costs[n:])) for n in range(costs.shape[0])])
+            self._tables[key] = (np.concatenate([[0], suffix_best + 1]), np.concatenate([[0.0], costs[suffix_best]]))
+        self.pad_to, self.cost_table = self._tables[key]
 
     def _cost(self, n: int) -> float:
         return float(self.cost_table[min(n, self.max_inputs)])
@@ -124,7 +136,9 @@ class AdaptiveBudget:
         n, value = choose_node_count(est[order], self._cost, lambda size: self._inputs(size, k), max_inputs=self.max_inputs)
         return order[: max(n, 0)], n, value
 
-    def plan(self, tree: TokenTree) -> StepPlan:
+    def plan(self, tree: TokenTree, context_length: int | None = None) -> StepPlan:
+        """The step's plan for ``tree``, with passes costed at ``context_length`` cached tokens."""
+        self._use_context(context_length)
         est = self.calibration.estimates(tree)
         draft = best_order(tree, est)
         if self.k == 0:
@@ -179,7 +193,7 @@ class FixedBudget:
         self.k = int(num_masks)
         self.mask_owners = mask_owners
 
-    def plan(self, tree: TokenTree) -> StepPlan:
+    def plan(self, tree: TokenTree, context_length: int | None = None) -> StepPlan:
         return StepPlan(tree, self.k, 0, owners_for(tree, self.k, self.mask_owners))
 
     def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:

@@ -3,8 +3,9 @@
 Verification width is not free on every machine: on a 2-core CPU 16 inputs cost about 1.6x one
 token and 2-3 inputs are disproportionately slow (BLAS treats 2-3 rows as separate vector
 products), while on a GPU 30 inputs cost about as much as one.  The adaptive budget sizes each
-tree from this curve.  A curve is measured in a few timed passes (about a second for SmolLM2 on 2
-cores) and cached on disk per model, dtype, device and thread count.
+tree from this curve, at the context length decoding has reached.  A curve is measured in a few
+timed passes at a short and a long context (about 5 s for SmolLM2 on 2 cores) and cached on disk
+per model, dtype, device and thread count.
 """
 
 from __future__ import annotations
@@ -21,21 +22,42 @@ import torch
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CURVE_CONTEXT = 128
+LONG_CONTEXT = 1024
 CACHE_ENV = "PROBE_MTP_CACHE_DIR"
 SLOW_TOLERANCE = 0.05
-FORMAT_VERSION = "probe-mtp-cost-curve/2"  # 2: fastest of 3 rounds (1: median of 2)
+# 3: a second row at a long context (2: one row, fastest of 3 rounds; 1: median of 2)
+FORMAT_VERSION = "probe-mtp-cost-curve/3"
+
+
+def _interpolate(sizes: tuple[int, ...], secs: tuple[float, ...], n: int) -> float:
+    """Linear between measured sizes, extrapolated (never downwards) from the last two."""
+    if len(sizes) == 1:
+        return secs[0] * n
+    if n >= sizes[-1]:
+        slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2])
+        return secs[-1] + max(slope, 0.0) * (n - sizes[-1])
+    return float(np.interp(n, sizes, secs))
 
 
 @dataclass(frozen=True)
 class CostCurve:
-    """Seconds of one forward pass over ``sizes[i]`` new inputs (median of the timed passes), at a
-    cache of ``context`` tokens.  ``cost(n)`` interpolates linearly between measured sizes and
-    extrapolates from the last two."""
+    """Seconds of one forward pass over ``sizes[i]`` new inputs on top of a cache of ``context``
+    tokens, and optionally the same sizes at ``long_context`` tokens.
+
+    ``cost(n)`` interpolates linearly between measured sizes and extrapolates from the last two.
+    ``cost(n, context)`` also follows the context: the time a pass spends reading the cache
+    (attention, its mask) grows linearly with the context, so between and beyond the two measured
+    contexts the cost is the straight line through them.  A wide pass over a long context costs
+    markedly more, relative to one input, than over a short one (on SmolLM2 with 2 threads, 8
+    inputs cost 1.6x one input at 128 tokens of context, and more at 1024), which is why trees are
+    sized for the context decoding is at."""
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
     context: int = CURVE_CONTEXT
     label: str = ""
+    long_context: int | None = None
+    long_seconds: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         sizes = tuple(int(s) for s in self.sizes)
@@ -44,59 +66,93 @@ class CostCurve:
             raise ValueError("a cost curve needs one time per size, and at least one size")
         if sizes[0] != 1 or any(b <= a for a, b in zip(sizes, sizes[1:])):
             raise ValueError(f"cost curve sizes must start at 1 and increase, got {sizes}")
-        if any(not np.isfinite(s) or s <= 0 for s in seconds):
-            raise ValueError(f"cost curve times must be positive, got {seconds}")
+        for row in (seconds, self.long_seconds or ()):
+            if any(not np.isfinite(s) or s <= 0 for s in row):
+                raise ValueError(f"cost curve times must be positive, got {row}")
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "seconds", seconds)
+        if (self.long_seconds is None) != (self.long_context is None):
+            raise ValueError("a long-context row needs both long_context and long_seconds")
+        if self.long_seconds is not None:
+            long_seconds = tuple(float(s) for s in self.long_seconds)
+            if len(long_seconds) != len(sizes):
+                raise ValueError("the long-context row needs one time per size")
+            if int(self.long_context) <= int(self.context):
+                raise ValueError(f"long_context ({self.long_context}) must exceed context ({self.context})")
+            object.__setattr__(self, "long_context", int(self.long_context))
+            object.__setattr__(self, "long_seconds", long_seconds)
 
     @classmethod
     def from_mapping(cls, times: dict, context: int = CURVE_CONTEXT, label: str = "supplied") -> "CostCurve":
-        """From ``{N: seconds}`` (for example a curve measured elsewhere, or a flat GPU-like one)."""
+        """From ``{N: seconds}`` (for example a curve measured elsewhere, or a flat GPU-like one);
+        the same at every context."""
         items = sorted((int(n), float(s)) for n, s in times.items())
         return cls(tuple(n for n, _ in items), tuple(s for _, s in items), context, label)
 
-    def cost(self, n: int) -> float:
+    def cost(self, n: int, context: int | None = None) -> float:
+        """Seconds of a pass over ``n`` new inputs; at ``context`` cached tokens when given and the
+        curve has a long-context row (else at the curve's own context)."""
         if n < 1:
             raise ValueError(f"a pass has at least one input, got {n}")
-        sizes, secs = self.sizes, self.seconds
-        if len(sizes) == 1:
-            return secs[0] * n
-        if n >= sizes[-1]:
-            slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2])
-            return secs[-1] + max(slope, 0.0) * (n - sizes[-1])
-        return float(np.interp(n, sizes, secs))
+        short = _interpolate(self.sizes, self.seconds, n)
+        if context is None or self.long_seconds is None:
+            return short
+        long = _interpolate(self.sizes, self.long_seconds, n)
+        slope = (long - short) / (self.long_context - self.context)
+        # below the short context the line can only fall so far: half the short-context time
+        return max(short + slope * (context - self.context), 0.5 * short)
 
-    def relative(self, n: int) -> float:
-        """c(n) / c(1)."""
-        return self.cost(n) / self.cost(1)
+    def relative(self, n: int, context: int | None = None) -> float:
+        """c(n) / c(1), at ``context`` when given."""
+        return self.cost(n, context) / self.cost(1, context)
 
-    def is_efficient(self, n: int) -> bool:
+    def is_efficient(self, n: int, context: int | None = None) -> bool:
         """False where some larger pass is clearly cheaper (by more than ``SLOW_TOLERANCE``): the
         2-3 input trap of CPU BLAS.  Such a size is never chosen."""
-        c = self.cost(n)
-        return not any(self.cost(m) * (1 + SLOW_TOLERANCE) < c for m in range(n + 1, max(self.sizes[-1], n) + 1))
+        c = self.cost(n, context)
+        return not any(
+            self.cost(m, context) * (1 + SLOW_TOLERANCE) < c for m in range(n + 1, max(self.sizes[-1], n) + 1)
+        )
 
-    def speedup_bound(self, tau: float, inputs: int) -> float:
+    def speedup_bound(self, tau: float, inputs: int, context: int | None = None) -> float:
         """The best wall-clock speedup a decoder with mean accepted length ``tau`` can reach with
         ``inputs`` per pass: ``tau / (c(inputs) / c(1))``."""
-        return tau / self.relative(inputs)
+        return tau / self.relative(inputs, context)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "format": FORMAT_VERSION,
             "sizes": list(self.sizes),
             "seconds": list(self.seconds),
             "context": self.context,
             "label": self.label,
         }
+        if self.long_seconds is not None:
+            out["long_context"] = self.long_context
+            out["long_seconds"] = list(self.long_seconds)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostCurve":
-        return cls(tuple(data["sizes"]), tuple(data["seconds"]), int(data.get("context", CURVE_CONTEXT)), data.get("label", ""))
+        long_seconds = data.get("long_seconds")
+        return cls(
+            tuple(data["sizes"]),
+            tuple(data["seconds"]),
+            int(data.get("context", CURVE_CONTEXT)),
+            data.get("label", ""),
+            data.get("long_context"),
+            None if long_seconds is None else tuple(long_seconds),
+        )
 
     def __str__(self) -> str:
-        body = ", ".join(f"{n}: {s * 1000:.1f}" for n, s in zip(self.sizes, self.seconds))
-        return f"CostCurve(ms by inputs {{{body}}}, context {self.context})"
+        rows = [(self.context, self.seconds)]
+        if self.long_seconds is not None:
+            rows.append((self.long_context, self.long_seconds))
+        text = "; ".join(
+            f"context {ctx}: {{" + ", ".join(f"{n}: {s * 1000:.1f}" for n, s in zip(self.sizes, secs)) + "}"
+            for ctx, secs in rows
+        )
+        return f"CostCurve(ms by inputs, {text})"
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -105,38 +161,55 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _long_context_for(model, context: int, long_context: int | None, widest: int) -> int | None:
+    """The long context to measure at, within the model's positions; None when there is no room
+    for one well beyond ``context``."""
+    if long_context is None:
+        return None
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if limit:
+        long_context = min(long_context, int(limit) - widest)
+    return long_context if long_context >= 2 * context else None
+
+
 @torch.no_grad()
 def measure_cost_curve(
     model,
     sizes: tuple[int, ...] = CURVE_SIZES,
     context: int = CURVE_CONTEXT,
     rounds: int = 3,
+    long_context: int | None = LONG_CONTEXT,
 ) -> CostCurve:
-    """Time one forward pass over N new inputs on top of a ``context``-token cache for each N in
-    ``sizes``: a few untimed warm-up passes, then ``rounds`` rounds visiting the sizes in alternating
-    order (machine noise spreads over all sizes alike); the fastest pass per size is kept (noise
-    only ever adds time, so the minimum is the steadiest estimate on a shared machine).  About 2-3 s
-    for SmolLM2 on 2 cores.  Inputs are causal chains with an explicit 4D mask and all logits, as in
-    a verification pass."""
+    """Time one forward pass over N new inputs on top of a ``context``-token cache, and of a
+    ``long_context``-token one, for each N in ``sizes``: a few untimed warm-up passes, then
+    ``rounds`` rounds visiting the sizes in alternating order (machine noise spreads over all
+    sizes alike); the fastest pass per size is kept (noise only ever adds time, so the minimum is
+    the steadiest estimate on a shared machine).  About 5 s for SmolLM2 on 2 cores.  Inputs are
+    causal chains with an explicit 4D mask and all logits, as in a verification pass."""
     from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache
 
     device = model.device
     fmt = AttentionFormat.for_model(model)
     vocab = model.get_input_embeddings().num_embeddings
+    long_context = _long_context_for(model, context, long_context, max(sizes))
+    contexts = (context,) if long_context is None else (context, long_context)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, context + max(sizes)), generator=gen).to(device)
-    cache = new_cache(model)
-    model(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
-    timings: dict[int, list[float]] = {n: [] for n in sizes}
+    ids = torch.randint(0, vocab, (1, contexts[-1] + max(sizes)), generator=gen).to(device)
+    caches = {}
+    for ctx in contexts:
+        caches[ctx] = new_cache(model, capacity=ctx + max(sizes))
+        model(input_ids=ids[:, :ctx], cache=caches[ctx], use_cache=True, logits_to_keep=1)
+    timings: dict[tuple[int, int], list[float]] = {(ctx, n): [] for ctx in contexts for n in sizes}
 
-    def one_pass(n: int) -> float:
+    def one_pass(ctx: int, n: int) -> float:
+        cache = caches[ctx]
         visible = np.tril(np.ones((n, n), dtype=bool))
-        positions = torch.arange(context, context + n, device=device)
+        positions = torch.arange(ctx, ctx + n, device=device)
         attn = attention_inputs(cache, visible, positions, fmt)
         _sync(device)
         t0 = time.perf_counter()
         model(
-            input_ids=ids[:, context : context + n],
+            input_ids=ids[:, ctx : ctx + n],
             attention_mask=attn,
             position_ids=positions[None],
             cache=cache,
@@ -147,13 +220,18 @@ def measure_cost_curve(
         keep_accepted(cache, n, torch.zeros(0, dtype=torch.long, device=device))
         return elapsed
 
-    for n in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}):  # warm-up: allocator, BLAS, kernels
-        one_pass(n)
+    for ctx in contexts:  # warm-up: allocator, BLAS, kernels
+        for n in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}):
+            one_pass(ctx, n)
     for r in range(rounds):
         order = sizes if r % 2 == 0 else tuple(reversed(sizes))
         for n in order:
-            timings[n].append(one_pass(n))
-    return CostCurve(tuple(sizes), tuple(float(np.min(timings[n])) for n in sizes), context, "measured")
+            for ctx in contexts:
+                timings[ctx, n].append(one_pass(ctx, n))
+    row = lambda ctx: tuple(float(np.min(timings[ctx, n])) for n in sizes)  # noqa: E731
+    if long_context is None:
+        return CostCurve(tuple(sizes), row(context), context, "measured")
+    return CostCurve(tuple(sizes), row(context), context, "measured", long_context, row(long_context))
 
 
 # ---------------------------------------------------------------------------- the disk cache

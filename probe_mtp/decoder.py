@@ -378,7 +378,7 @@ class _Run:
         dec = self.dec
         context = self.sequence[0]
         root = int(context[-1])
-        plan = self.policy.plan(self.drafter.propose(root, context.cpu().numpy()))
+        plan = self.policy.plan(self.drafter.propose(root, context.cpu().numpy()), self.length - 1)
         tree, k = plan.tree, plan.num_masks
         pending = self.confadapt.pending if self.confadapt is not None else []  # committed, not cached
         m = len(pending)

@@ -79,6 +79,38 @@ def test_cost_curve_interpolates_and_flags_the_small_size_trap():
         CostCurve((1, 4), (1.0, -2.0))
 
 
+# 128 tokens of context: 8 inputs cost 1.2x one; at 1024 they cost 2x (attention reads the cache)
+LONG_CURVE = CostCurve((1, 8, 32), (10.0, 12.0, 20.0), 128, "toy", 1024, (12.0, 24.0, 60.0))
+
+
+def test_cost_curve_follows_the_context_along_a_line():
+    c = LONG_CURVE
+    assert c.cost(8) == 12.0 and c.cost(8, 128) == 12.0 and c.cost(8, 1024) == 24.0
+    assert c.cost(8, 576) == pytest.approx(18.0)  # halfway
+    assert c.cost(8, 1920) == pytest.approx(36.0)  # beyond: along the same line
+    assert c.cost(8, 0) == pytest.approx(12.0 - 128 * 12 / 896) and c.cost(32, 0) >= 10.0  # floor: half
+    assert c.relative(32, 1024) == pytest.approx(5.0) and c.relative(32, 128) == pytest.approx(2.0)
+    assert c.speedup_bound(3.0, 8, 1024) == pytest.approx(1.5)
+    assert CPU_CURVE.cost(8, 5000) == CPU_CURVE.cost(8)  # a one-row curve has no context term
+    assert CostCurve.from_dict(json.loads(json.dumps(c.as_dict()))) == c
+    assert "context 1024" in str(c)
+    with pytest.raises(ValueError, match="both"):
+        CostCurve((1, 8), (1.0, 2.0), 128, "", 1024, None)
+    with pytest.raises(ValueError, match="exceed"):
+        CostCurve((1, 8), (1.0, 2.0), 128, "", 64, (1.0, 2.0))
+    with pytest.raises(ValueError, match="one time per size"):
+        CostCurve((1, 8), (1.0, 2.0), 128, "", 1024, (1.0,))
+
+
+def test_adaptive_budget_verifies_smaller_trees_deep_into_a_long_context():
+    policy = AdaptiveBudget(LONG_CURVE, num_masks=0, max_inputs=32)
+    chain = TokenTree(np.arange(32), np.arange(-1, 31), 0.85 ** np.arange(32))
+    short = policy.plan(chain, context_length=100).tree.size
+    long = policy.plan(chain, context_length=3000).tree.size
+    assert long < short
+    assert policy.plan(chain, context_length=100).tree.size == short  # back where it was: tables are kept
+
+
 def esp_like_tree(probs_depth1, probs_depth2=()):
     """Root with a fan of depth-1 candidates; the best one carries a depth-2 chain."""
     d1 = len(probs_depth1)

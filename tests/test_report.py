@@ -12,6 +12,8 @@ import pytest
 import probe_mtp.config as config
 from probe_mtp.cli import build_parser, main
 from probe_mtp.report import GREEDY, HF_PLD, Report, resolve_methods, summarize, write_outputs
+from probe_mtp.cost import CostCurve
+from probe_mtp.report.bench import _bound
 from probe_mtp.report.cli import cmd_report
 from probe_mtp.report.harness import SCHEMA, ReportSettings, _PassCounter, parse_budgets
 from probe_mtp.report.outputs import RECORD_FIELDS, markdown_summary, rich_table
@@ -391,3 +393,19 @@ def test_report_with_tuned_masks_and_confadapt(smollm2, tmp_path):
         assert 0.0 <= r["agreement"] <= 1.0
     assert by_label["esp BC=30 tuned:zero"]["masks"] == str(path)
     assert "Agreement with greedy per task" in (out / "summary.md").read_text()
+
+
+def test_bench_bound_costs_each_pass_at_its_context_and_adds_the_prefill_to_both_sides():
+    # c(1, L) = 10 + 0.05 (L - 100); c(8, L) = 20 + 0.1 (L - 100)
+    curve = CostCurve((1, 8), (10.0, 20.0), 100, "toy", 300, (20.0, 40.0))
+    mine = 20.0 + (20 + 0.1 * 3)  # the second pass runs on 3 more cached tokens
+    plain = sum(10 + 0.05 * t for t in range(4))  # one-token steps at contexts 100..103
+    rec = {"inputs_per_pass": [8, 8], "accepted_lengths": [3, 1], "prefill_seconds": 5.0,
+           "forward_seconds": 2 * mine, "prompt_tokens": 100, "new_tokens": 5}  # 1 + 3 + 1 tokens
+    # the passes ran twice as slow as the curve: plain decoding is put on the same scale
+    assert _bound([rec], curve) == pytest.approx((5.0 + 2 * plain) / (5.0 + 2 * mine))
+    # a one-row curve and no prefill: the design's tau / (c(N) / c(1))
+    flat = CostCurve((1, 8), (10.0, 20.0))
+    assert _bound([dict(rec, prefill_seconds=0.0)], flat) == pytest.approx(2.0 / (20 / 10))
+    assert _bound([dict(rec, prefill_seconds=0.0, forward_seconds=None)], flat) == pytest.approx(1.0)
+    assert _bound([dict(rec, inputs_per_pass=[])], curve) is None

@@ -6,15 +6,24 @@ each method's speedup over ``model.generate`` greedy (total time of the task's p
 within one repetition, so slow phases of a shared machine cancel).  For the probe methods it adds:
 
 - ``overhead``: the share of the decoding steps' time spent outside the model's forward pass;
-- ``bound``: the speedup the method's own passes allow on this machine's cost curve,
-  ``(new tokens - 1) / sum_i c(N_i) / c(1)`` over its passes of ``N_i`` inputs (for a fixed budget
-  this is ``tau / (c(BC) / c(1))``), and the share of it that was realised.
+- ``bound``: the speedup the method's own passes allow on this machine's cost curve, and the share
+  of it that was realised.  Each pass is costed at the context it ran at, ``c(N_i, L_i)``; plain
+  decoding pays ``c(1, L)`` per token.  The curve's relative costs are put on the scale of the
+  method's measured forward time ``F`` (the curve is timed in a tight loop and runs faster than
+  passes inside decoding), ``s = F / sum_i c(N_i, L_i)``, and both sides pay the method's measured
+  prefill ``P``, since the speedup is measured end to end:
+
+      bound = (P + s * sum_t c(1, L_t)) / (P + F)
+
+  Without the context and the prefill this is the design's ``tau / (c(BC) / c(1))``.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+
+import numpy as np
 
 from .harness import GREEDY, HF_PLD, Report
 
@@ -59,15 +68,24 @@ class SpeedRow:
         }
 
 
-def _bound(records: list[dict], relative_cost) -> float | None:
-    steps_cost = 0.0
-    tokens = 0
+def _bound(records: list[dict], curve) -> float | None:
+    """The end-to-end speedup bound of ``records`` on ``curve`` (see the module's docstring)."""
+    plain = passes_cost = prefill = forward = 0.0
     for r in records:
-        if not r.get("inputs_per_pass"):
+        passes, accepted = r.get("inputs_per_pass"), r.get("accepted_lengths")
+        if not passes or accepted is None or len(accepted) != len(passes):
             return None
-        steps_cost += sum(relative_cost(n) for n in r["inputs_per_pass"])
-        tokens += r["new_tokens"] - 1
-    return tokens / steps_cost if steps_cost > 0 else None
+        start = int(r["prompt_tokens"])
+        contexts = start + np.concatenate([[0], np.cumsum(accepted[:-1])]).astype(int)
+        passes_cost += sum(curve.cost(int(n), int(c)) for n, c in zip(passes, contexts))
+        plain += sum(curve.cost(1, start + t) for t in range(int(r["new_tokens"]) - 1))
+        prefill += r.get("prefill_seconds") or 0.0
+        forward += r.get("forward_seconds") or 0.0
+    if passes_cost <= 0:
+        return None
+    if forward <= 0:  # no timings recorded: the curve's own scale
+        forward = passes_cost
+    return (prefill + forward / passes_cost * plain) / (prefill + forward)
 
 
 def _overhead(records: list[dict]) -> float | None:
@@ -78,7 +96,7 @@ def _overhead(records: list[dict]) -> float | None:
     return max(0.0, 1.0 - forward / steps)
 
 
-def speed_rows(reports: list[Report], relative_cost=None) -> list[SpeedRow]:
+def speed_rows(reports: list[Report], curve=None) -> list[SpeedRow]:
     """Per task (and overall) and method: speedups over the repetitions, tau, overhead, bound."""
     first = reports[0]
     labels = first.methods
@@ -111,7 +129,7 @@ def speed_rows(reports: list[Report], relative_cost=None) -> list[SpeedRow]:
                     vs_pld,
                     tau,
                     _overhead(recs) if probe else None,
-                    _bound(recs, relative_cost) if probe and relative_cost else None,
+                    _bound(recs, curve) if probe and curve is not None else None,
                     all(r["identical_to_greedy"] for rep in reports for r in pick(rep, label)),
                 )
             )

@@ -197,7 +197,7 @@ def cmd_bench(args, loaded=None) -> int:
         progress_console.print(f"repetition {rep + 1} of {args.repeats}", highlight=False)
         reports.append(run_report(model, tokenizer, settings, prompts, progress=not args.no_progress,
                                   console=progress_console))
-    rows = speed_rows(reports, curve.relative)
+    rows = speed_rows(reports, curve)
     title = (f"probe-mtp bench: {settings.model}, {len(prompts)} prompts, {settings.max_new_tokens} tokens, "
              f"{args.repeats} repetitions, {torch.get_num_threads()} threads")
     console.print(rich_speed_table(rows, title))
@@ -210,7 +210,8 @@ def cmd_bench(args, loaded=None) -> int:
         for m in memory:
             console.print(
                 f"memory {m['method']:>10}: before {m['rss_before_mb']:.0f} MB, peak {m['peak_mb']:.0f} MB "
-                f"(+{m['peak_growth_mb']:.0f} MB), growth over the second half {m['second_half_growth_mb']:.1f} MB",
+                f"(+{m['peak_growth_mb']:.0f} MB), growth over the second half {m['second_half_growth_mb']:.1f} MB, "
+                f"steady growth {m['steady_growth_mb']:.1f} MB",
                 highlight=False,
             )
     if args.out and args.out != "-":
