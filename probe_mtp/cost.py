@@ -186,7 +186,7 @@ def measure_cost_curve(
     sizes alike); the fastest pass per size is kept (noise only ever adds time, so the minimum is
     the steadiest estimate on a shared machine).  About 5 s for SmolLM2 on 2 cores.  Inputs are
     causal chains with an explicit 4D mask and all logits, as in a verification pass."""
-    from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache
+    from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
 
     device = model.device
     fmt = AttentionFormat.for_model(model)
@@ -198,6 +198,7 @@ def measure_cost_curve(
     caches = {}
     for ctx in contexts:
         caches[ctx] = new_cache(model, capacity=ctx + max(sizes))
+        start_recording(caches[ctx])  # sliding-window layers keep a pass's entries until rollback
         model(input_ids=ids[:, :ctx], cache=caches[ctx], use_cache=True, logits_to_keep=1)
     timings: dict[tuple[int, int], list[float]] = {(ctx, n): [] for ctx in contexts for n in sizes}
 

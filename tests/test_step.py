@@ -11,6 +11,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers import Gemma3ForCausalLM, LlamaForCausalLM
 
 from probe_mtp import ProbeDecoder
+from probe_mtp.cost import measure_cost_curve
 from probe_mtp.heap import heap_trimmer
 from probe_mtp.kv import GROW_TOKENS, ReservedLayer, keep_accepted, new_cache, start_recording
 from probe_mtp.step import node_targets, top_candidates
@@ -209,3 +210,13 @@ def test_heap_trimmer_runs_on_the_cpu_and_is_skipped_elsewhere():
     if trim is not None:  # glibc: malloc_trim returns 0 or 1
         assert trim() in (0, 1)
     assert heap_trimmer(torch.device("meta")) is None
+
+
+@pytest.mark.parametrize("make", [_tiny_llama, _tiny_gemma], ids=["llama", "gemma3-sliding"])
+def test_cost_curve_is_measured_at_a_context_beyond_the_sliding_window(make):
+    model = make("sdpa")
+    curve = measure_cost_curve(model, sizes=(1, 2, 4), context=16, rounds=1, long_context=64)  # window: 8
+    assert curve.long_context == 64 and len(curve.long_seconds) == 3
+    assert curve.cost(4, 200) > 0
+    # no room for a long context within the model's positions: one row
+    assert measure_cost_curve(model, sizes=(1, 2), context=130, rounds=1, long_context=1024).long_seconds is None
