@@ -5,7 +5,12 @@ Expected tokens of a tree = 1 (the bonus token) + the sum over its draft nodes o
 that the node is accepted.  That probability is estimated from the drafter's own score for the node
 (its cumulative probability) times a per-depth calibration factor learnt online from what
 verification actually accepted.  Cost comes from the machine's :class:`~probe_mtp.cost.CostCurve`
-at the context length decoding has reached (wide passes grow dearer as the cache grows).
+at the context length decoding has reached (wide passes grow dearer as the cache grows), plus what
+every step costs outside the forward pass (drafting, verification, bookkeeping): the decoder
+reports each step's timings, and the policy keeps running means of that overhead and of how the
+real passes compare with the curve (which is timed in a tight loop), so a step of N inputs costs
+``c(N, L) + overhead / scale`` in the curve's units.  A fixed per-step cost favours fewer, larger
+steps over many bare ones.
 
 With masks (``k`` per node) a pass over ``n`` draft nodes has ``(k+1)(n+1)`` inputs; a mask-free
 pass has ``n+1``.  A drafter that puts its masks on a few nodes only (``mask_nodes``, chosen by its
@@ -29,6 +34,7 @@ from .tree import TokenTree, best_order, choose_node_count, keep_nodes, path_mon
 MAX_DEPTH_TRACKED = 64
 MAX_BACKOFF = 64
 CONTEXT_BUCKET = 64  # the cost tables follow the context in steps of this many tokens
+TIMING_DECAY = 0.9  # weight of the past in the running step timings (about the last 10 steps)
 
 
 @dataclass
@@ -109,6 +115,9 @@ class AdaptiveBudget:
         self.free_steps = 0
         self.backoff = 1
         self.choices = {"mask": 0, "free": 0, "probe": 0}
+        self.step_overhead = 0.0  # running mean, in the curve's units (added to every pass)
+        self._scale: float | None = None  # running mean of real forward time / curve time
+        self._overhead_seconds = 0.0
 
     def _use_context(self, context: int | None) -> None:
         """Cost the pass sizes at ``context`` cached tokens (the middle of its bucket)."""
@@ -124,7 +133,22 @@ class AdaptiveBudget:
         self.pad_to, self.cost_table = self._tables[key]
 
     def _cost(self, n: int) -> float:
-        return float(self.cost_table[min(n, self.max_inputs)])
+        return float(self.cost_table[min(n, self.max_inputs)]) + self.step_overhead
+
+    def observe_timing(self, inputs: int, context: int, forward_seconds: float, step_seconds: float) -> None:
+        """One step's timings: its pass of ``inputs`` (padding included) on ``context`` cached
+        tokens took ``forward_seconds``, the whole step ``step_seconds``."""
+        if inputs < 1 or forward_seconds <= 0 or step_seconds < forward_seconds:
+            return
+        predicted = self.curve.cost(int(inputs), int(context) if self.curve.long_seconds is not None else None)
+        ratio = forward_seconds / predicted
+        overhead = step_seconds - forward_seconds
+        if self._scale is None:
+            self._scale, self._overhead_seconds = ratio, overhead
+        else:
+            self._scale = TIMING_DECAY * self._scale + (1 - TIMING_DECAY) * ratio
+            self._overhead_seconds = TIMING_DECAY * self._overhead_seconds + (1 - TIMING_DECAY) * overhead
+        self.step_overhead = self._overhead_seconds / self._scale
 
     def _inputs(self, size: int, k: int) -> int:
         """Inputs of a pass over a tree of ``size`` nodes (root included) with k masks per owner."""
@@ -197,4 +221,7 @@ class FixedBudget:
         return StepPlan(tree, self.k, 0, owners_for(tree, self.k, self.mask_owners))
 
     def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
+        pass
+
+    def observe_timing(self, inputs: int, context: int, forward_seconds: float, step_seconds: float) -> None:
         pass

@@ -408,9 +408,12 @@ class _Run:
             self.stats.prefill_seconds = time.perf_counter() - t0
         trim_heap = heap_trimmer(self.device)
         while not self.done:
+            started, forward_before, context = time.perf_counter(), self.stats.forward_seconds, self.length - 1
             self.step()
             if trim_heap is not None:
                 trim_heap()
+            self.policy.observe_timing(self.stats.inputs_per_pass[-1], context,
+                                       self.stats.forward_seconds - forward_before, time.perf_counter() - started)
         if self.req.streamer is not None:
             self.req.streamer.end()
         self.stats.seconds = time.perf_counter() - t0

@@ -111,6 +111,21 @@ def test_adaptive_budget_verifies_smaller_trees_deep_into_a_long_context():
     assert policy.plan(chain, context_length=100).tree.size == short  # back where it was: tables are kept
 
 
+def test_step_overhead_from_timings_makes_fewer_larger_steps_pay():
+    policy = AdaptiveBudget(CPU_CURVE, num_masks=0, max_inputs=64)
+    chain = TokenTree(np.arange(4), np.arange(-1, 3), 0.25 ** np.arange(4))
+    assert policy.plan(chain).tree.size == 1  # 1.33 tokens for 78 (4 inputs padded to 8) < 1 for 57
+    # real passes run at 1/1000 of the curve's numbers (its units are ms) and each step spends
+    # another 100 ms outside the forward pass: 100 curve units on every step, bare or not
+    for _ in range(3):
+        policy.observe_timing(inputs=1, context=200, forward_seconds=0.057, step_seconds=0.157)
+    assert policy.step_overhead == pytest.approx(100.0)
+    assert policy.plan(chain).tree.size == 4  # 1.33 / 178 > 1 / 157
+    policy.observe_timing(inputs=8, context=200, forward_seconds=0.0, step_seconds=0.1)  # ignored
+    assert policy.step_overhead == pytest.approx(100.0)
+    FixedBudget(1).observe_timing(1, 0, 0.1, 0.2)  # accepted, does nothing
+
+
 def esp_like_tree(probs_depth1, probs_depth2=()):
     """Root with a fan of depth-1 candidates; the best one carries a depth-2 chain."""
     d1 = len(probs_depth1)
