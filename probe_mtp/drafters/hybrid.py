@@ -259,8 +259,16 @@ class HybridDrafter(Drafter):
         else:
             rows = accepted
         tails = self._node_tails(tree)
-        logits = feedback.node_logits.index_select(0, torch.from_numpy(rows).to(feedback.node_logits.device))
-        self.successors.update([tails[r] for r in rows.tolist()], logits)
+        logits = feedback.node_logits
+        if rows.size == logits.shape[0]:
+            # every node: top-k over the logits as they are, then reorder the small result (a
+            # reordered copy of the logits would move rows x vocab floats: 31 MB on Gemma 3)
+            top_tokens, top_probs = self.successors.candidates(logits)
+            top_tokens, top_probs = top_tokens[rows], top_probs[rows]
+        else:
+            top_tokens, top_probs = self.successors.candidates(
+                logits.index_select(0, torch.from_numpy(rows).to(logits.device)))
+        self.successors.store([tails[r] for r in rows.tolist()], top_tokens, top_probs, vocab=logits.shape[-1])
         self._mask_candidates = []
         if feedback.mask_logits is not None and self.num_masks:
             toks, probs = top_candidates(feedback.mask_logits, self.successors.top_k + 1)

@@ -90,12 +90,16 @@ class SuccessorTable:
         """Store row r of ``logits`` (the model's next-token logits after a sequence ending with
         ``tails[r]``, its last tokens) under each key formed by the last 1..``order`` tokens of
         ``tails[r]``.  Rows are written in order, so a later row wins over an earlier one."""
+        self.store(tails, *self.candidates(logits), vocab=logits.shape[-1])
+
+    def candidates(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of ``logits``: the ``top_k`` most probable tokens and their probabilities."""
         if logits.dtype != torch.float32:
             logits = logits.float()
         k = min(self.top_k, logits.shape[-1])
         top = torch.topk(logits, k, dim=-1)
         probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
-        self.store(tails, top.indices.cpu().numpy(), probs.double().cpu().numpy(), vocab=logits.shape[-1])
+        return top.indices.cpu().numpy(), probs.double().cpu().numpy()
 
     def store(self, tails: list[tuple[int, ...]], top_tokens: np.ndarray, top_probs: np.ndarray, vocab: int | None = None) -> None:
         """:meth:`update` with each row's successors given: ``top_tokens[r]`` (most probable first)
