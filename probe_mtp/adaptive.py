@@ -140,7 +140,7 @@ class AdaptiveBudget:
         tokens took ``forward_seconds``, the whole step ``step_seconds``."""
         if inputs < 1 or forward_seconds <= 0 or step_seconds < forward_seconds:
             return
-        predicted = self.curve.cost(int(inputs), int(context) if self.curve.long_seconds is not None else None)
+        predicted = self.curve.cost(int(inputs), int(context))  # a one-row curve ignores the context
         ratio = forward_seconds / predicted
         overhead = step_seconds - forward_seconds
         if self._scale is None:

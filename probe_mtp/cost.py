@@ -230,9 +230,8 @@ def measure_cost_curve(
             for ctx in contexts:
                 timings[ctx, n].append(one_pass(ctx, n))
     row = lambda ctx: tuple(float(np.min(timings[ctx, n])) for n in sizes)  # noqa: E731
-    if long_context is None:
-        return CostCurve(tuple(sizes), row(context), context, "measured")
-    return CostCurve(tuple(sizes), row(context), context, "measured", long_context, row(long_context))
+    long_row = None if long_context is None else row(long_context)
+    return CostCurve(tuple(sizes), row(context), context, "measured", long_context, long_row)
 
 
 # ---------------------------------------------------------------------------- the disk cache
