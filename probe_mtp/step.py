@@ -21,6 +21,7 @@ import torch
 from .kv import AttentionFormat, attention_inputs
 from .masks import MaskVectors
 from .tree import TokenTree, TreeLayout
+from .vocab import top_probabilities, vocab_argmax
 
 
 @dataclass
@@ -89,14 +90,10 @@ def backbone_pass(split_head, cache, inputs: PassInputs) -> torch.Tensor:
 
 def node_targets(node_logits: torch.Tensor) -> np.ndarray:
     """Greedy: the model's next token after each node (argmax of its processed logits)."""
-    return node_logits.argmax(dim=-1).cpu().numpy()
+    return vocab_argmax(node_logits).cpu().numpy()
 
 
 def top_candidates(mask_logits: torch.Tensor, width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per mask j, the ``width`` most probable tokens and their probabilities (descending)."""
-    width = min(width, mask_logits.shape[-1])
-    probs = torch.softmax(mask_logits.float(), dim=-1)
-    top = torch.topk(probs, width, dim=-1)
-    toks = top.indices.cpu().numpy()
-    ps = top.values.double().cpu().numpy()
-    return list(toks), list(ps)
+    toks, ps = top_probabilities(mask_logits, width)
+    return list(toks.cpu().numpy()), list(ps.double().cpu().numpy())

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..vocab import top_probabilities
+
 # an entry: (tokens, probabilities), most probable first
 Entry = tuple[list[int], list[float]]
 DEFAULT_SLOTS = 1 << 16
@@ -94,12 +96,8 @@ class SuccessorTable:
 
     def candidates(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Per row of ``logits``: the ``top_k`` most probable tokens and their probabilities."""
-        if logits.dtype != torch.float32:
-            logits = logits.float()
-        k = min(self.top_k, logits.shape[-1])
-        top = torch.topk(logits, k, dim=-1)
-        probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
-        return top.indices.cpu().numpy(), probs.double().cpu().numpy()
+        tokens, probs = top_probabilities(logits, self.top_k)
+        return tokens.cpu().numpy(), probs.double().cpu().numpy()
 
     def store(self, tails: list[tuple[int, ...]], top_tokens: np.ndarray, top_probs: np.ndarray, vocab: int | None = None) -> None:
         """:meth:`update` with each row's successors given: ``top_tokens[r]`` (most probable first)
