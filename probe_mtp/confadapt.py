@@ -53,12 +53,12 @@ class ConfAdaptRule:
         self.threshold = float(threshold)
         self.pending: list[int] = []  # committed, not cached, before the root (the root is the last token)
 
-    def extend(self, new_tokens: np.ndarray, token_scores: torch.Tensor | None, mask_logits: torch.Tensor | None):
+    def extend(self, new_tokens: np.ndarray, token_scores: list[torch.Tensor] | None, mask_logits: torch.Tensor | None):
         """Append the confident run of ``mask_logits`` to the verified ``new_tokens``.
 
         Returns ``(tokens, scores, drafter_mask_logits, unverified)``: the tokens to commit, their
-        score rows (the masks' raw logits for the unverified ones), the masks left for proposing the
-        next tree (None when none is left) and how many tokens are unverified."""
+        ``[1, V]`` score rows (the masks' raw logits for the unverified ones), the masks left for
+        proposing the next tree (None when none is left) and how many tokens are unverified."""
         run = confident_run(mask_logits, self.threshold)
         if run == 0:
             self.pending = []
@@ -67,7 +67,8 @@ class ConfAdaptRule:
         extra = extra_logits.argmax(dim=-1).cpu().numpy()
         tokens = np.concatenate([np.asarray(new_tokens, dtype=np.int64), extra])
         if token_scores is not None:
-            token_scores = torch.cat([token_scores, extra_logits.to(token_scores.dtype)], dim=0)
+            dtype = token_scores[0].dtype if token_scores else extra_logits.dtype
+            token_scores = list(token_scores) + list(extra_logits.to(dtype).split(1))
         self.pending = [int(new_tokens[-1])] + [int(t) for t in extra[:-1]]
         rest = mask_logits[run:]
         return tokens, token_scores, (rest if rest.shape[0] else None), run

@@ -23,10 +23,11 @@ from .drafters import Drafter, StepFeedback, make_drafter
 from .head import SplitHead
 from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
-from .step import PassInputs, assemble_inputs, backbone_pass, forward_pass
+from .step import PassInputs, assemble_inputs, backbone_pass, forward_pass, node_targets
 from .tree import TokenTree, TreeLayout, esp_layout, pad_layout, prefill_layout
 from .tuned_masks import TunedMaskStore
-from .verify import accept_greedy, accept_recursive_rejection, accept_sample_and_match, process_node_logits
+from .verify import accept_greedy, accept_greedy_lazily, accept_recursive_rejection, accept_sample_and_match, process_node_logits
+from .vocab import vocab_argmax
 
 LAYOUT_CACHE_SIZE = 256
 # the KV cache is reserved for the prompt plus at most this many new tokens (then it grows)
@@ -256,9 +257,9 @@ class _Run:
     def sequence(self) -> torch.Tensor:
         return self.buffer[:, : self.length]
 
-    def commit(self, tokens: list[int], token_scores: torch.Tensor | None) -> int:
-        """Append tokens one at a time, checking the stopping criteria after each.
-        Returns how many were committed; sets ``self.done``."""
+    def commit(self, tokens: list[int], token_scores: list[torch.Tensor] | None) -> int:
+        """Append tokens one at a time, checking the stopping criteria after each; ``token_scores``
+        holds each token's ``[1, V]`` score row.  Returns how many were committed; sets ``self.done``."""
         committed = 0
         for i, tok in enumerate(tokens):
             if self.length >= self.buffer.shape[1]:
@@ -267,7 +268,7 @@ class _Run:
             self.buffer[0, self.length] = int(tok)
             self.length += 1
             committed += 1
-            row = token_scores[i : i + 1] if token_scores is not None else None
+            row = token_scores[i] if token_scores is not None else None
             if self.req.output_scores and row is not None:
                 self.scores.append(row.clone())
             stop = self.req.criteria(self.sequence, row) if self.req.criteria else False
@@ -279,11 +280,14 @@ class _Run:
         return committed
 
     def choose(self, tree: TokenTree, node_logits: torch.Tensor, context: torch.Tensor):
-        """Verify: returns (accepted path, new tokens, processed scores of the new tokens or None)."""
+        """Verify: returns (accepted path, new tokens, the ``[1, V]`` processed score row of each new token)."""
         req = self.req
         scores = process_node_logits(req.processors, context, tree, node_logits)
-        if not req.do_sample:
-            targets = scores.argmax(dim=-1).cpu().numpy()
+        if not req.do_sample and scores.device.type == "cpu":
+            # the argmax only at the nodes the walk reaches (about tau rows, not the whole tree)
+            path, bonus = accept_greedy_lazily(tree, lambda node: vocab_argmax(scores[node : node + 1])[0])
+        elif not req.do_sample:
+            targets = node_targets(scores)  # one transfer beats a sync per node
             path = accept_greedy(tree, targets)
             bonus = int(targets[path[-1]])
         else:
@@ -294,7 +298,7 @@ class _Run:
             else:
                 path, bonus = accept_sample_and_match(tree, probs, req.generator)
         new_tokens = np.append(tree.tokens[path[1:]], bonus)
-        return path, new_tokens, scores[torch.from_numpy(path).to(scores.device)]
+        return path, new_tokens, [scores[j : j + 1] for j in path.tolist()]  # views: no [path, vocab] copy
 
     def feedback(self, tree, path, new_tokens, node_logits, mask_logits, is_prefill=False):
         self.drafter.observe(

@@ -3,7 +3,8 @@
 - :func:`path_token_matrix` / :func:`process_node_logits`: logits processors (repetition penalty,
   no-repeat n-grams, min-new-tokens, temperature, top-p, ...) see each node's own path, batched by
   depth so that every row of a call has the same length.
-- :func:`accept_greedy`: the greedy walk (argmax at each node, move to the child carrying it).
+- :func:`accept_greedy`: the greedy walk (argmax at each node, move to the child carrying it);
+  :func:`accept_greedy_lazily` takes the argmax only at the nodes the walk reaches.
 - :func:`accept_sample_and_match`: lossless sampling.  At each accepted node draw ``x ~ p`` from the
   processed target distribution; move to the child carrying x if there is one, else x is the bonus.
   Every committed token is drawn from exactly the distribution plain sampling would use.
@@ -67,6 +68,19 @@ def accept_greedy(tree: TokenTree, targets: np.ndarray) -> np.ndarray:
         if nxt.size == 0:
             return np.array(path, dtype=np.int64)
         path.append(int(nxt[0]))
+
+
+def accept_greedy_lazily(tree: TokenTree, target_of) -> tuple[np.ndarray, int]:
+    """:func:`accept_greedy` asking ``target_of(node)`` for the model's token only at the nodes
+    it reaches: the accepted path, about tau rows instead of the whole tree.  Returns the path
+    (root first) and the bonus token."""
+    path = [0]
+    while True:
+        target = int(target_of(path[-1]))
+        kids = np.flatnonzero((tree.parents == path[-1]) & (tree.tokens == target))
+        if kids.size == 0:
+            return np.array(path, dtype=np.int64), target
+        path.append(int(kids[0]))
 
 
 def _child_by_token(tree: TokenTree, node: int) -> dict[int, int]:

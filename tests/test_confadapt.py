@@ -51,9 +51,9 @@ def test_rule_records_pending_tokens_and_leftover_masks():
     logits = torch.full((2, 6), -20.0)
     logits[0, 4] = 20.0
     logits[1] = 0.0
-    tokens, scores, rest, unverified = rule.extend(np.array([1, 2]), torch.zeros((2, 6)), logits)
+    tokens, scores, rest, unverified = rule.extend(np.array([1, 2]), list(torch.zeros((2, 6)).split(1)), logits)
     assert tokens.tolist() == [1, 2, 4] and unverified == 1
-    assert scores.shape == (3, 6) and torch.equal(scores[2], logits[0])
+    assert len(scores) == 3 and scores[2].shape == (1, 6) and torch.equal(scores[2][0], logits[0])
     assert rule.pending == [2]  # the bonus token waits for the cache; 4 is the next root
     assert torch.equal(rest, logits[1:])
     tokens, _, rest, unverified = rule.extend(np.array([3]), None, logits[1:])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig
 from transformers.cache_utils import DynamicLayer
@@ -15,10 +17,11 @@ from probe_mtp.cost import measure_cost_curve
 from probe_mtp.heap import heap_trimmer
 from probe_mtp.kv import GROW_TOKENS, ReservedLayer, keep_accepted, new_cache, start_recording
 from probe_mtp.step import node_targets, top_candidates
-from probe_mtp.verify import accept_greedy
+from probe_mtp.verify import accept_greedy, accept_greedy_lazily
 from probe_mtp.tree import TokenTree
 
 from oracle import OracleDrafter
+from tree_strategies import bfs_trees
 
 
 def _tree():
@@ -43,6 +46,19 @@ def test_accept_greedy_walks_matching_children():
     targets = np.array([8, 0, 3, 0, 0, 0, 0])
     assert accept_greedy(tree, targets).tolist() == [0, 2, 6]
     assert accept_greedy(TokenTree.root_only(3), np.array([1])).tolist() == [0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree=bfs_trees(max_width=5), seed=st.integers(0, 2**31 - 1))
+def test_lazy_greedy_walk_matches_the_eager_one_and_asks_only_the_path(tree, seed):
+    # targets drawn from the tokens in play, so that long accepted paths are common
+    rng = np.random.default_rng(seed)
+    targets = rng.choice(np.unique(tree.tokens), size=tree.size)
+    asked = []
+    path, bonus = accept_greedy_lazily(tree, lambda node: asked.append(node) or targets[node])
+    assert path.tolist() == accept_greedy(tree, targets).tolist()
+    assert bonus == targets[path[-1]]
+    assert asked == path.tolist()
 
 
 def test_node_targets_and_top_candidates():
@@ -206,9 +222,11 @@ def test_tree_passes_match_generate_on_tiny_models(make, attn):
 
 
 def test_heap_trimmer_runs_on_the_cpu_and_is_skipped_elsewhere():
-    trim = heap_trimmer(torch.device("cpu"))
-    if trim is not None:  # glibc: malloc_trim returns 0 or 1
-        assert trim() in (0, 1)
+    trim = heap_trimmer(torch.device("cpu"), every=3)
+    if trim is not None:  # glibc: malloc_trim returns 0 or 1, on every third call only
+        results = [trim() for _ in range(6)]
+        assert results[0] is None and results[1] is None and results[3] is None and results[4] is None
+        assert results[2] in (0, 1) and results[5] in (0, 1)
     assert heap_trimmer(torch.device("meta")) is None
 
 
