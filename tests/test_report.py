@@ -409,3 +409,36 @@ def test_bench_bound_costs_each_pass_at_its_context_and_adds_the_prefill_to_both
     assert _bound([dict(rec, prefill_seconds=0.0)], flat) == pytest.approx(2.0 / (20 / 10))
     assert _bound([dict(rec, prefill_seconds=0.0, forward_seconds=None)], flat) == pytest.approx(1.0)
     assert _bound([dict(rec, inputs_per_pass=[])], curve) is None
+
+
+def test_memory_measurement_of_one_generation(smollm2):
+    from probe_mtp.report.memory import MKL_CACHE_SWITCH, measure
+
+    for method in ("generate", "hybrid"):
+        r = measure("smollm2-135m", method, tokens=12, threads=None, loaded=smollm2)
+        assert r["method"] == method and r["new_tokens"] == 12 and r["samples"] >= 1
+        assert r["peak_mb"] >= r["rss_before_mb"] > 0 and MKL_CACHE_SWITCH in r
+        assert abs(r["floor_growth_mb"]) <= r["peak_mb"]  # a difference of two resident sizes
+
+
+@pytest.mark.parametrize("mkl_cache,preset,expected", [(False, None, "1"), (True, None, None), (False, "0", "0")],
+                         ids=["off-by-default", "kept-on-request", "user-setting-wins"])
+def test_memory_comparison_runs_each_method_in_a_fresh_process(monkeypatch, mkl_cache, preset, expected):
+    from probe_mtp.report import memory
+
+    monkeypatch.delenv(memory.MKL_CACHE_SWITCH, raising=False)
+    if preset is not None:
+        monkeypatch.setenv(memory.MKL_CACHE_SWITCH, preset)
+    calls = []
+
+    def fake_run(cmd, env, **kwargs):
+        calls.append((cmd, env))
+        method = cmd[cmd.index("--method") + 1]
+        line = json.dumps({"method": method, memory.MKL_CACHE_SWITCH: env.get(memory.MKL_CACHE_SWITCH)})
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"noise\n{line}\n", stderr="")
+
+    monkeypatch.setattr(memory.subprocess, "run", fake_run)
+    results = memory.compare_memory("smollm2-135m", ["esp", "hybrid"], tokens=8, threads=2, mkl_cache=mkl_cache)
+    assert [r["method"] for r in results] == ["generate", "esp", "hybrid"]
+    assert all(r[memory.MKL_CACHE_SWITCH] == expected for r in results)
+    assert all(cmd[:3] == [sys.executable, "-m", "probe_mtp.report.memory"] and "--threads" in cmd for cmd, _ in calls)

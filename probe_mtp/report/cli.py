@@ -167,6 +167,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--memory-tokens", type=int, default=0,
                    help="also measure peak memory of one generation of this many tokens, model.generate against "
                    "each method with budget auto, each in a fresh process (default 0: skip)")
+    b.add_argument("--mkl-cache", action="store_true",
+                   help="measure memory with MKL's buffer cache on, its default (by default the measured processes "
+                   "run with MKL_DISABLE_FAST_MM=1 unless it is set: the cache keeps up to ~200 MB after one large "
+                   "output-layer product)")
     b.set_defaults(func=cmd_bench, methods=None)
     return b
 
@@ -203,15 +207,16 @@ def cmd_bench(args, loaded=None) -> int:
     console.print(rich_speed_table(rows, title))
     memory = []
     if args.memory_tokens:
-        from .memory import compare_memory
+        from .memory import MKL_CACHE_SWITCH, compare_memory
 
         with progress_console.status(f"peak memory of {args.memory_tokens}-token generations..."):
-            memory = compare_memory(settings.model, list(settings.methods), args.memory_tokens, args.threads)
+            memory = compare_memory(settings.model, list(settings.methods), args.memory_tokens, args.threads,
+                                    mkl_cache=args.mkl_cache)
         for m in memory:
             console.print(
                 f"memory {m['method']:>10}: before {m['rss_before_mb']:.0f} MB, peak {m['peak_mb']:.0f} MB "
                 f"(+{m['peak_growth_mb']:.0f} MB), growth over the second half {m['second_half_growth_mb']:.1f} MB, "
-                f"steady growth {m['steady_growth_mb']:.1f} MB",
+                f"steady growth {m['steady_growth_mb']:.1f} MB (floor {m['floor_growth_mb']:.1f} MB), {MKL_CACHE_SWITCH}={m.get(MKL_CACHE_SWITCH)}",
                 highlight=False,
             )
     if args.out and args.out != "-":

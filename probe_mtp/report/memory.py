@@ -5,10 +5,22 @@ while the generation runs.  Each method runs in its own process, so memory freed
 reused by the next.  Reported: RSS before the generation, its peak during it, the growth of the peak
 over the second half of the generation (where only the KV cache should grow), and the steady
 growth: the median RSS over the last tenth of the generation minus that over the first tenth
-(transient spikes of single passes do not count).
+(transient spikes of single passes do not count), and the floor growth: the same with the lowest
+RSS of each tenth, the memory still resident between passes.  When the passes grow over a
+generation (repetitive text lets the adaptive budget verify 64-input trees), the median rises
+with the memory held during a pass; the floor shows what is kept.
 
 Run as ``python -m probe_mtp.report.memory --method esp --tokens 1024``; ``compare_memory`` runs it
 for several methods and collects the JSON lines.
+
+MKL (torch's CPU BLAS) keeps a cache of work buffers for large matrix products and never returns
+it: after one output-layer product of 63 or more rows on Gemma 3's 262k-token vocabulary, 67-210 MB
+stay resident for the life of the process.  ``model.generate`` multiplies one row at a time and
+never fills it; a 64-input tree pass does.  ``MKL_DISABLE_FAST_MM=1`` turns the cache off (no
+measurable cost in our timings), but MKL reads it only when torch is imported, so it must be set
+before Python starts.  ``compare_memory`` sets it in the measured processes, for ``generate`` and
+the methods alike, unless told to keep MKL's default (``mkl_cache=True``) or the variable is
+already set; each result records the value in force.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import sys
 import threading
 import time
 
+MKL_CACHE_SWITCH = "MKL_DISABLE_FAST_MM"
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -50,7 +63,9 @@ class RssSampler:
         self._thread.join()
 
 
-def measure(model_name: str, method: str, tokens: int, threads: int | None) -> dict:
+def measure(model_name: str, method: str, tokens: int, threads: int | None, loaded=None) -> dict:
+    """One generation of ``tokens`` tokens by ``method`` (``"generate"`` or a drafter name), RSS
+    sampled throughout; ``loaded``: the (model, tokenizer) already loaded, else loaded here."""
     import torch
 
     from .. import load_model
@@ -59,7 +74,7 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None) -> d
 
     if threads:
         torch.set_num_threads(threads)
-    model, tok = load_model(model_name)
+    model, tok = loaded if loaded is not None else load_model(model_name)
     prompt = balanced_subset(load_prompts(), 1, ("mt_bench",))[0]
     ids = chat_input_ids(tok, [{"role": "user", "content": prompt.turns[0]}])
     decoder = ProbeDecoder(model, tok)
@@ -92,20 +107,27 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None) -> d
         "peak_growth_mb": (max(r for _, r in samples) - before) / 2**20,
         "second_half_growth_mb": (max(second_half) - max(first_half)) / 2**20,
         "steady_growth_mb": (last_tenth[len(last_tenth) // 2] - first_tenth[len(first_tenth) // 2]) / 2**20,
+        "floor_growth_mb": (last_tenth[0] - first_tenth[0]) / 2**20,
         "samples": len(samples),
         "seconds": end - start,
+        MKL_CACHE_SWITCH: os.environ.get(MKL_CACHE_SWITCH),
     }
 
 
-def compare_memory(model_name: str, methods: list[str], tokens: int, threads: int | None = None) -> list[dict]:
-    """Run :func:`measure` for ``generate`` and each method, each in a fresh Python process."""
+def compare_memory(model_name: str, methods: list[str], tokens: int, threads: int | None = None,
+                   mkl_cache: bool = False) -> list[dict]:
+    """Run :func:`measure` for ``generate`` and each method, each in a fresh Python process (with
+    MKL's buffer cache off unless ``mkl_cache``; see the module docstring)."""
+    env = dict(os.environ)
+    if not mkl_cache:
+        env.setdefault(MKL_CACHE_SWITCH, "1")
     results = []
     for method in ["generate", *methods]:
         cmd = [sys.executable, "-m", "probe_mtp.report.memory", "--model", model_name, "--method", method,
                "--tokens", str(tokens)]
         if threads:
             cmd += ["--threads", str(threads)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"memory measurement of {method} failed:\n{done.stderr[-2000:]}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
