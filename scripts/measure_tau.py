@@ -24,6 +24,7 @@ from probe_mtp.prompts import TASKS, balanced_subset, chat_input_ids, load_promp
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m", help="embedded model name")
     ap.add_argument("--methods", default="hybrid,esp,pld,lookahead,stand")
     ap.add_argument("--budgets", default="32")
     ap.add_argument("--per-task", type=int, default=6)
@@ -35,12 +36,13 @@ def main() -> None:
     ap.add_argument("--hybrid-kw", default=None, help="JSON dict of HybridDrafter arguments (method hybrid)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    model, tok = probe_mtp.load_model("smollm2-135m")
+    model, tok = probe_mtp.load_model(args.model)
     prompts = balanced_subset(load_prompts(), args.per_task)
     ids = [chat_input_ids(tok, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
     refs_path = Path(args.refs)
     refs = json.loads(refs_path.read_text()) if refs_path.exists() else {}
-    key = lambda p: f"{p.question_id}:{args.max_new_tokens}"  # noqa: E731
+    prefix = "" if args.model == "smollm2-135m" else f"{args.model}:"  # refs files from before --model stay valid
+    key = lambda p: f"{prefix}{p.question_id}:{args.max_new_tokens}"  # noqa: E731
     for p, x in zip(prompts, ids):
         if key(p) not in refs:
             refs[key(p)] = model.generate(x, do_sample=False, max_new_tokens=args.max_new_tokens)[0].tolist()
