@@ -25,6 +25,8 @@ TRIM_EVERY = 4  # decoding steps per trim
 def heap_trimmer(device: torch.device, every: int = TRIM_EVERY) -> Callable[[], object] | None:
     """A function to call after each decoding step that trims the C heap on every ``every``-th
     call, for decoding on the CPU with glibc; None otherwise."""
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1, got {every!r}")
     if device.type != "cpu":
         return None
     try:

@@ -228,6 +228,8 @@ def test_heap_trimmer_runs_on_the_cpu_and_is_skipped_elsewhere():
         assert results[0] is None and results[1] is None and results[3] is None and results[4] is None
         assert results[2] in (0, 1) and results[5] in (0, 1)
     assert heap_trimmer(torch.device("meta")) is None
+    with pytest.raises(ValueError, match="every"):
+        heap_trimmer(torch.device("cpu"), every=0)
 
 
 @pytest.mark.parametrize("make", [_tiny_llama, _tiny_gemma], ids=["llama", "gemma3-sliding"])
