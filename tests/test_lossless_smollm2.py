@@ -12,7 +12,7 @@ from probe_mtp.prompts import TASKS, balanced_subset
 from conftest import chat_ids
 from oracle import OracleDrafter
 
-MAX_NEW = 96
+MAX_NEW = 64
 PER_TASK = 2  # 12 prompts, every task
 
 
