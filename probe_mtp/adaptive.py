@@ -129,8 +129,12 @@ class AdaptiveBudget:
             # a pass of N inputs is padded to the size M >= N that costs least (the 2-3 input CPU
             # trap: 4 or 8 inputs can cost less than 2), so N effectively costs min over M >= N of c(M)
             suffix_best = np.array([n + int(np.argmin(costs[n:])) for n in range(costs.shape[0])])
-            self._tables[key] = (np.concatenate([[0], suffix_best + 1]), np.concatenate([[0.0], costs[suffix_best]]))
-        self.pad_to, self.cost_table = self._tables[key]
+            padded = costs[suffix_best]
+            # the cheapest average price of one more input, from a bare pass to any wider one
+            sizes = np.arange(2, padded.shape[0] + 1)
+            price = float(np.min((padded[1:] - padded[0]) / (sizes - 1))) if sizes.size else 0.0
+            self._tables[key] = (np.concatenate([[0], suffix_best + 1]), np.concatenate([[0.0], padded]), max(price, 0.0))
+        self.pad_to, self.cost_table, self.input_price = self._tables[key]
 
     def _cost(self, n: int) -> float:
         return float(self.cost_table[min(n, self.max_inputs)]) + self.step_overhead
@@ -149,6 +153,17 @@ class AdaptiveBudget:
             self._scale = TIMING_DECAY * self._scale + (1 - TIMING_DECAY) * ratio
             self._overhead_seconds = TIMING_DECAY * self._overhead_seconds + (1 - TIMING_DECAY) * overhead
         self.step_overhead = self._overhead_seconds / self._scale
+
+    def score_floor(self) -> float:
+        """The drafter score below which a node cannot pay for the input it takes, so the drafter
+        need not propose it.  A bare step yields ``1 / cost(1)`` tokens per unit of cost and every
+        plan is worth at least that; an input costs at least ``input_price`` (the cheapest average
+        price of widening a bare pass), so a node accepted with probability ``e`` pays only if
+        ``e >= input_price / cost(1)``.  Expressed in drafter scores (estimates are scores times a
+        per-depth factor, at most its largest).  A heuristic bound: where the curve is flat a few
+        nodes below it would ride along for free, each adding less than the floor."""
+        estimate_floor = self.input_price / self._cost(1)
+        return estimate_floor / float(self.calibration.factor(np.arange(self.calibration.accepted.shape[0])).max())
 
     def _inputs(self, size: int, k: int) -> int:
         """Inputs of a pass over a tree of ``size`` nodes (root included) with k masks per owner."""
@@ -222,6 +237,9 @@ class FixedBudget:
 
     def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
         pass
+
+    def score_floor(self) -> float:
+        return 0.0  # the drafter's whole tree is verified
 
     def observe_timing(self, inputs: int, context: int, forward_seconds: float, step_seconds: float) -> None:
         pass

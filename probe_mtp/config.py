@@ -29,6 +29,10 @@ class ProbeConfig:
       from its measured cost curve and running acceptance statistics, up to ``max_budget`` inputs
       (see :mod:`probe_mtp.adaptive`).
     - ``max_budget``: the largest pass ``budget="auto"`` may choose.
+    - ``pass_memory``: for ``budget="auto"``: one pass's float32 logits (inputs x vocabulary x 4
+      bytes) stay under this share of the model's weight bytes, which bounds what wide passes add
+      to peak memory (Gemma 3 270M, 262k vocabulary: 51 inputs at 0.05; SmolLM2: no cap below
+      ``max_budget``); 0 turns the cap off.
     - ``cost_curve``: for ``budget="auto"``: None (measure it once, about a second, and cache it on
       disk per model, dtype, device and thread count), a :class:`~probe_mtp.cost.CostCurve`, or a
       mapping ``{inputs: seconds}`` to supply one.
@@ -64,6 +68,7 @@ class ProbeConfig:
     num_masks: int = 1
     budget: int | str = "auto"
     max_budget: int = 64
+    pass_memory: float = 0.05
     cost_curve: object | None = None
     cost_cache: bool = True
     mask_init: str = "prompt_mean"
@@ -86,6 +91,9 @@ class ProbeConfig:
             raise TypeError(f"budget must be an integer number of inputs per pass or 'auto', got {self.budget!r}")
         if not isinstance(self.max_budget, int) or isinstance(self.max_budget, bool):
             raise TypeError(f"max_budget must be an integer number of inputs per pass, got {self.max_budget!r}")
+        if isinstance(self.pass_memory, bool) or not isinstance(self.pass_memory, (int, float)) \
+                or not 0 <= self.pass_memory < math.inf:
+            raise ValueError(f"pass_memory must be a share >= 0 of the weights' bytes (0: no cap), got {self.pass_memory!r}")
         if self.cost_curve is not None and not isinstance(self.cost_curve, dict) and not hasattr(self.cost_curve, "cost"):
             raise TypeError(f"cost_curve must be None, a CostCurve or a mapping {{inputs: seconds}}, got {self.cost_curve!r}")
         if self.drafter in MASK_FREE_DRAFTERS:

@@ -24,9 +24,17 @@ from .head import SplitHead
 from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
 from .step import PassInputs, assemble_inputs, backbone_pass, forward_pass, node_targets
-from .tree import TokenTree, TreeLayout, esp_layout, pad_layout, prefill_layout
+from .tree import TokenTree, TreeLayout, esp_layout, min_block_complexity, pad_layout, prefill_layout
 from .tuned_masks import TunedMaskStore
-from .verify import accept_greedy, accept_greedy_lazily, accept_recursive_rejection, accept_sample_and_match, process_node_logits
+from .verify import (
+    accept_greedy,
+    accept_greedy_lazily,
+    accept_recursive_rejection,
+    accept_sample_and_match,
+    process_node_logits,
+    NodeRows,
+    process_node_row,
+)
 from .vocab import vocab_argmax
 
 LAYOUT_CACHE_SIZE = 256
@@ -142,6 +150,7 @@ class ProbeDecoder:
         self._embedding_stats: EmbeddingStats | None = None
         self._split_head: SplitHead | None = None
         self._cost_curves: dict[bool, CostCurve] = {}
+        self._weight_bytes: int | None = None
         self._tuned = TunedMaskStore(model)
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
 
@@ -194,11 +203,23 @@ class ProbeDecoder:
         return AdaptiveBudget(
             self.cost_curve(config),
             drafter.num_masks,
-            config.max_budget,
+            self.widest_pass(config),
             mask_free=getattr(drafter, "mask_free_nodes", None),
             mask_owners=drafter.mask_owners,
             mask_nodes=getattr(drafter, "mask_nodes", None),
         )
+
+    def widest_pass(self, config: ProbeConfig) -> int:
+        """The most inputs ``budget="auto"`` may verify at once: ``max_budget``, lowered so that
+        one pass's logits stay under ``pass_memory`` times the weights' bytes (never below the
+        smallest tree with masks on its root)."""
+        if not config.pass_memory:
+            return config.max_budget
+        if self._weight_bytes is None:
+            self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        row_bytes = 4 * self.embed.num_embeddings  # a float32 logits row
+        rows = int(config.pass_memory * self._weight_bytes // row_bytes)
+        return max(min(config.max_budget, rows), min_block_complexity(config.num_masks))
 
     def embedding_stats(self) -> EmbeddingStats:
         if self._embedding_stats is None:
@@ -282,11 +303,18 @@ class _Run:
     def choose(self, tree: TokenTree, node_logits: torch.Tensor, context: torch.Tensor):
         """Verify: returns (accepted path, new tokens, the ``[1, V]`` processed score row of each new token)."""
         req = self.req
+        if not req.do_sample and node_logits.device.type == "cpu":
+            # processors and argmax only at the nodes the walk reaches (about tau rows, not the
+            # tree); processed rows are made again when commit reads them rather than all kept
+            def row(node: int) -> torch.Tensor:
+                return process_node_row(req.processors, context, tree, node_logits, node)
+
+            path, bonus = accept_greedy_lazily(tree, lambda node: vocab_argmax(row(node))[0])
+            new_tokens = np.append(tree.tokens[path[1:]], bonus)
+            nodes = path.tolist()
+            return path, new_tokens, NodeRows(row, nodes) if req.processors else [row(j) for j in nodes]
         scores = process_node_logits(req.processors, context, tree, node_logits)
-        if not req.do_sample and scores.device.type == "cpu":
-            # the argmax only at the nodes the walk reaches (about tau rows, not the whole tree)
-            path, bonus = accept_greedy_lazily(tree, lambda node: vocab_argmax(scores[node : node + 1])[0])
-        elif not req.do_sample:
+        if not req.do_sample:
             targets = node_targets(scores)  # one transfer beats a sync per node
             path = accept_greedy(tree, targets)
             bonus = int(targets[path[-1]])
@@ -382,6 +410,7 @@ class _Run:
         dec = self.dec
         context = self.sequence[0]
         root = int(context[-1])
+        self.drafter.min_score = self.policy.score_floor()
         plan = self.policy.plan(self.drafter.propose(root, context.cpu().numpy()), self.length - 1)
         tree, k = plan.tree, plan.num_masks
         pending = self.confadapt.pending if self.confadapt is not None else []  # committed, not cached

@@ -105,6 +105,7 @@ def custom_generate(
     num_masks: int | None = None,
     budget: int | str | None = None,
     max_budget: int | None = None,
+    pass_memory: float | None = None,
     cost_curve=None,
     cost_cache: bool | None = None,
     mask_init: str | None = None,
@@ -133,7 +134,7 @@ def custom_generate(
     knobs = {
         name: value
         for name, value in dict(
-            num_masks=num_masks, budget=budget, max_budget=max_budget, cost_curve=cost_curve,
+            num_masks=num_masks, budget=budget, max_budget=max_budget, pass_memory=pass_memory, cost_curve=cost_curve,
             cost_cache=cost_cache, mask_init=mask_init, mask_update=mask_update,
             mask_token=mask_token, mask_seed=mask_seed, prune_repeats=prune_repeats,
             sampling_rule=sampling_rule, masks=masks, acceptance=acceptance, threshold=threshold,

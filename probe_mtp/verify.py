@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -49,6 +51,37 @@ def process_node_logits(processors, context: torch.Tensor, tree: TokenTree, node
             ids = torch.cat([ids, paths[level, :d]], dim=1)
         out[level] = processors(ids, node_logits[level].clone())
     return out
+
+
+def process_node_row(processors, context: torch.Tensor, tree: TokenTree, node_logits: torch.Tensor, node: int) -> torch.Tensor:
+    """One row of :func:`process_node_logits`: node ``node``'s ``[1, V]`` scores (a view of
+    ``node_logits`` when there are no processors).  Processors work row by row, so this equals
+    that function's row ``node``; asking only the rows a walk reaches keeps the processed copy
+    at about tau rows instead of the whole tree's."""
+    row = node_logits[node : node + 1]
+    if not processors:
+        return row
+    path = torch.from_numpy(tree.path_tokens(node)[1:]).to(context.device)
+    ids = torch.cat([context, path]).view(1, -1)
+    return processors(ids, row.clone())
+
+
+class NodeRows(Sequence):
+    """The ``[1, V]`` rows ``make(node)`` of a path's ``nodes``, made when read and not kept: with
+    logits processors every row is a fresh copy, and a 40-token accepted path would otherwise hold
+    40 vocabulary-sized rows at once (40 MB on Gemma 3) for the stopping criteria to read."""
+
+    def __init__(self, make, nodes: list[int]):
+        self.make = make
+        self.nodes = list(nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.make(n) for n in self.nodes[i]]
+        return self.make(self.nodes[i])
 
 
 def accept_greedy(tree: TokenTree, targets: np.ndarray) -> np.ndarray:

@@ -159,6 +159,33 @@ def test_adaptive_takes_a_tree_when_it_pays_and_never_an_inefficient_size():
     assert flat.plan(strong).tree.size == strong.size
 
 
+# the shape of the Gemma 3 270M curve measured on this project's 2-core machine (c(1) = 1)
+GEMMA_CPU_CURVE = CostCurve.from_mapping({1: 1.0, 2: 1.07, 4: 1.71, 8: 2.25, 16: 2.08, 32: 2.61, 64: 4.58})
+
+
+@FAST
+@given(bfs_trees(), st.data(), st.sampled_from([CPU_CURVE, GEMMA_CPU_CURVE]), st.floats(0.0, 0.5))
+def test_nodes_below_the_score_floor_never_pay(tree, data, curve, overhead):
+    """A tree whose draft nodes all score below the floor is never worth more than a bare step,
+    whatever the step overhead: the floor is where the drafter may stop growing."""
+    policy = AdaptiveBudget(curve, num_masks=0, max_inputs=64)
+    policy.step_overhead = overhead * curve.cost(1)
+    floor = policy.score_floor()
+    assert floor > 0.0
+    below = st.floats(0.0, floor, exclude_max=True)
+    values = data.draw(st.lists(below, min_size=tree.size, max_size=tree.size))
+    assert policy.plan(scored(tree, values)).tree.size == 1
+    # nodes the calibration has learnt to trust more get a proportionally lower floor
+    for _ in range(5):
+        policy.observe(esp_like_tree([0.1]), np.array([0, 1]))
+    assert policy.score_floor() < floor
+
+
+def test_score_floor_on_flat_curves_and_fixed_budgets():
+    assert AdaptiveBudget(FLAT_CURVE, num_masks=1, max_inputs=64).score_floor() < 1e-3  # width is nearly free
+    assert FixedBudget(1).score_floor() == 0.0  # the whole tree is verified
+
+
 def test_mask_free_drafters_get_bare_or_cheap_trees():
     policy = AdaptiveBudget(CPU_CURVE, num_masks=0, max_inputs=64)
     chain_tree = TokenTree(np.arange(6), np.arange(-1, 5), np.ones(6))

@@ -44,6 +44,8 @@ CASES = {
     "num_beams": (dict(num_beams=2), ValueError, "num_beams"),
     "num_return_sequences": (dict(num_return_sequences=2, do_sample=True), ValueError, "num_return_sequences"),
     "unknown drafter": (dict(drafter="nope"), ValueError, "drafter"),
+    "negative pass_memory": (dict(pass_memory=-0.1), ValueError, "pass_memory"),
+    "pass_memory not a number": (dict(pass_memory="5%"), ValueError, "pass_memory"),
     "unknown mask_init": (dict(mask_init="nope"), ValueError, "mask_init"),
     "bad sampling_rule": (dict(sampling_rule="nope", do_sample=True), ValueError, "sampling_rule"),
     "mask shape": (dict(attention_mask=torch.ones((1, 3), dtype=torch.long)), ValueError, "attention_mask"),

@@ -180,6 +180,31 @@ def test_grow_best_first_takes_the_best_paths(max_nodes, root):
         assert max(score(p) for p in left_out) <= min(tree.scores) + 1e-12
 
 
+@settings(max_examples=40, deadline=None)
+@given(max_nodes=st.integers(0, 12), min_score=st.floats(0.0, 1.0))
+def test_grow_best_first_with_a_floor_is_the_unfloored_tree_cut_at_the_floor(max_nodes, min_score):
+    """The floor only stops growth: the tree is the unfloored one's nodes scoring >= min_score (a
+    prefix of its taken order), and fewer nodes are expanded."""
+
+    def grow(floor):
+        paths, expanded = {}, []
+
+        def expand(node, parent, token):
+            expanded.append(node)
+            paths[node] = () if parent < 0 else paths[parent] + (token,)
+            return _toy_children(paths[node])
+
+        tree, index = grow_best_first(0, expand, max_nodes, min_score=floor)
+        taken = [tuple(tree.path_tokens(int(i))[1:].tolist()) for i in index]
+        return taken, tree.scores[index], len(expanded)
+
+    full_taken, full_scores, full_expanded = grow(0.0)
+    cut_taken, cut_scores, cut_expanded = grow(min_score)
+    keep = 1 + int((full_scores[1:] >= min_score).sum())  # taken in order of falling score
+    assert cut_taken == full_taken[:keep]
+    assert (cut_scores[1:] >= min_score).all() and cut_expanded <= full_expanded
+
+
 # ---------------------------------------------------------------------- the drafter on toy inputs
 def _feedback(tree, accepted, context_before, new_tokens, node_logits, prefill=False) -> StepFeedback:
     return StepFeedback(

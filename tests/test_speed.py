@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probe_mtp import ProbeDecoder
+from probe_mtp import ProbeConfig, ProbeDecoder
 from probe_mtp.cost import CostCurve
 from probe_mtp.head import SplitHead
 
@@ -42,8 +42,9 @@ def test_split_head_reproduces_the_models_logits(smollm2):
         dict(drafter="esp", budget="auto", num_masks=2, cost_curve=FLAT_CURVE),
         dict(drafter="pld", budget="auto", cost_curve=CPU_CURVE),
         dict(drafter="stand", budget="auto", cost_curve=FLAT_CURVE, max_budget=24),
+        dict(drafter="hybrid", budget="auto", cost_curve=FLAT_CURVE, pass_memory=0.004),
     ],
-    ids=["esp-cpu", "esp-k2-flat", "pld-cpu", "stand-flat"],
+    ids=["esp-cpu", "esp-k2-flat", "pld-cpu", "stand-flat", "hybrid-flat-memory-capped"],
 )
 def test_adaptive_budget_is_lossless(smollm2, smol_cases, knobs):
     model, tok = smollm2
@@ -53,9 +54,11 @@ def test_adaptive_budget_is_lossless(smollm2, smol_cases, knobs):
         ref = model.generate(ids, do_sample=False, max_new_tokens=40)
         out = decoder.generate(ids, max_new_tokens=40, return_dict_in_generate=True, **knobs)
         assert torch.equal(out.sequences, ref)
-        assert max(out.stats.inputs_per_pass) <= knobs.get("max_budget", 64)
+        assert max(out.stats.inputs_per_pass) <= decoder.widest_pass(ProbeConfig(**knobs)) <= knobs.get("max_budget", 64)
         sizes |= set(out.stats.inputs_per_pass)
-    if knobs["cost_curve"] is CPU_CURVE:
+    if "pass_memory" in knobs:  # 0.4% of SmolLM2's 538 MB of weights: 10 rows of 49152 float32 logits
+        assert decoder.widest_pass(ProbeConfig(**knobs)) == 10 and max(sizes) <= 10
+    elif knobs["cost_curve"] is CPU_CURVE:
         assert not sizes & {2, 3}  # the slow sizes of a CPU are never chosen
     else:
         assert max(sizes) > 8  # on a flat curve trees grow
@@ -81,8 +84,12 @@ def test_adaptive_and_split_head_on_gemma(gemma3, specbench):
     assert SplitHead(model).usable
     decoder = ProbeDecoder(model, tok)
     prompts = [p.turns[0] for p in task_prompts(specbench, 1)][:3]
+    # 5% of Gemma's 1072 MB of fp32 weights holds 51 logits rows of its 262144-token vocabulary
+    assert decoder.widest_pass(decoder.config) == 51
     for text, curve, drafter in zip(prompts, [CPU_CURVE, FLAT_CURVE, FLAT_CURVE], ["esp", "esp", "hybrid"]):
         ids = tok(text, return_tensors="pt")["input_ids"]
         ref = model.generate(ids, do_sample=False, max_new_tokens=32)
-        out = decoder.generate(ids, max_new_tokens=32, budget="auto", cost_curve=curve, drafter=drafter)
-        assert torch.equal(out, ref)
+        out = decoder.generate(ids, max_new_tokens=32, budget="auto", cost_curve=curve, drafter=drafter,
+                               return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        assert max(out.stats.inputs_per_pass) <= 51

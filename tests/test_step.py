@@ -17,7 +17,7 @@ from probe_mtp.cost import measure_cost_curve
 from probe_mtp.heap import heap_trimmer
 from probe_mtp.kv import GROW_TOKENS, ReservedLayer, keep_accepted, new_cache, start_recording
 from probe_mtp.step import node_targets, top_candidates
-from probe_mtp.verify import accept_greedy, accept_greedy_lazily
+from probe_mtp.verify import accept_greedy, accept_greedy_lazily, process_node_logits, process_node_row
 from probe_mtp.tree import TokenTree
 
 from oracle import OracleDrafter
@@ -35,6 +35,22 @@ def _tree():
         np.array([-1, 0, 0, 0, 1, 1, 2]),
         np.ones(7),
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(bfs_trees(), st.integers(0, 2**31 - 1))
+def test_processing_one_node_row_equals_the_tree_wide_processing(tree, seed):
+    """The lazy greedy walk processes only the rows it reaches: each equals the whole tree's row."""
+    from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(tree.size, 64, generator=gen)
+    context = torch.randint(0, 64, (7,), generator=gen)
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3), NoRepeatNGramLogitsProcessor(2)])
+    whole = process_node_logits(processors, context, tree, logits)
+    for node in range(tree.size):
+        assert torch.equal(process_node_row(processors, context, tree, logits, node), whole[node : node + 1])
+    assert process_node_row(None, context, tree, logits, tree.size - 1).data_ptr() == logits[-1].data_ptr()  # a view
 
 
 def test_accept_greedy_walks_matching_children():

@@ -119,6 +119,7 @@ def grow_best_first(
     root_token: int,
     expand: Callable[[int, int, int], tuple[np.ndarray, np.ndarray]],
     max_nodes: int,
+    min_score: float = 0.0,
 ) -> tuple[TokenTree, np.ndarray]:
     """Grow the tree of the ``max_nodes`` best paths from a children function, one node at a time.
 
@@ -128,7 +129,8 @@ def grow_best_first(
     set is always a tree.  Candidate tokens of one node must be distinct.  A child's
     score is its parent's score times its probability; the best candidate of all expanded nodes
     is taken next and expanded in its turn (EAGLE-2's best-first tree, with children that may come
-    from a different distribution at every node).  Ties go to the earlier candidate.
+    from a different distribution at every node).  Ties go to the earlier candidate.  Growth stops
+    early once the best remaining candidate scores below ``min_score`` (every later one would too).
 
     Returns the breadth-first tree and ``index`` with ``index[node]`` = the tree index of the
     ``node``-th taken node.
@@ -154,7 +156,7 @@ def grow_best_first(
 
     if max_nodes:
         push(0)
-    while heap and len(tokens) <= max_nodes:
+    while heap and len(tokens) <= max_nodes and -heap[0][0] >= min_score:
         neg, _, parent, tok = heapq.heappop(heap)
         tokens.append(tok)
         parents.append(parent)

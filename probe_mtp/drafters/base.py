@@ -43,6 +43,9 @@ class Drafter(ABC):
 
     def __init__(self, budget: int):
         self.budget = int(budget)
+        # set before each proposal by the budget policy: nodes scoring below it would be cut from
+        # the tree anyway, so a drafter that grows its tree node by node may stop there
+        self.min_score = 0.0
 
     @property
     def max_nodes(self) -> int:

@@ -181,7 +181,7 @@ class HybridDrafter(Drafter):
             found = proposals[node] = self._proposals_at(token, depth[node], tail[node])
             return list(found), [max(succ[a], ngram[b], mask[c]) for a, b, c in found.values()]
 
-        tree, index = grow_best_first(int(root_token), expand, self.max_nodes)
+        tree, index = grow_best_first(int(root_token), expand, self.max_nodes, self.min_score)
         self._proposals = proposals
         self._grown_index = index
         self._tree = tree

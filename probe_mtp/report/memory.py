@@ -21,6 +21,12 @@ measurable cost in our timings), but MKL reads it only when torch is imported, s
 before Python starts.  ``compare_memory`` sets it in the measured processes, for ``generate`` and
 the methods alike, unless told to keep MKL's default (``mkl_cache=True``) or the variable is
 already set; each result records the value in force.
+
+Loading a GGUF model leaves freed heap pages resident (for Gemma 3 we saw 50 to 280 MB, differing
+from run to run), and probe-mtp's decoding hands freed pages back (``probe_mtp.heap``) while
+``model.generate`` does not, so after the warm-up both processes trim the heap once (glibc): RSS
+before the generation is then the same for both, and the peaks compare the generations rather than
+the loader's leftovers.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None, load
 
     from .. import load_model
     from ..decoder import ProbeDecoder
+    from ..heap import heap_trimmer
     from ..prompts import balanced_subset, chat_input_ids, load_prompts
 
     if threads:
@@ -83,6 +90,9 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None, load
             model.generate(ids, do_sample=False, max_new_tokens=8)
         else:
             decoder.generate(ids, max_new_tokens=8, drafter=method, budget="auto")
+    trim = heap_trimmer(torch.device("cpu"), every=1)  # the loader's freed pages, for both methods
+    if trim is not None:
+        trim()
     before = rss_bytes()
     start = time.perf_counter()
     with torch.no_grad(), RssSampler() as sampler:
