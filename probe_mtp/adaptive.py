@@ -9,8 +9,11 @@ at the context length decoding has reached (wide passes grow dearer as the cache
 every step costs outside the forward pass (drafting, verification, bookkeeping): the decoder
 reports each step's timings, and the policy keeps running means of that overhead and of how the
 real passes compare with the curve (which is timed in a tight loop), so a step of N inputs costs
-``c(N, L) + overhead / scale`` in the curve's units.  A fixed per-step cost favours fewer, larger
-steps over many bare ones.
+``c(N, L) * size_factor(N) + overhead / scale`` in the curve's units.  ``scale`` follows the
+machine (a shared machine's slow phases); ``size_factor`` how far passes of N's size class (1,
+2-3, 4-7, ... inputs) stray from the curve relative to the others (wide passes, less cache-friendly,
+run further from their tight-loop times than narrow ones).  A fixed per-step cost favours fewer,
+larger steps over many bare ones.
 
 With masks (``k`` per node) a pass over ``n`` draft nodes has ``(k+1)(n+1)`` inputs; a mask-free
 pass has ``n+1``.  A drafter that puts its masks on a few nodes only (``mask_nodes``, chosen by its
@@ -35,6 +38,12 @@ MAX_DEPTH_TRACKED = 64
 MAX_BACKOFF = 64
 CONTEXT_BUCKET = 64  # the cost tables follow the context in steps of this many tokens
 TIMING_DECAY = 0.9  # weight of the past in the running step timings (about the last 10 steps)
+SIZE_CLASSES = 7  # pass sizes 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+: a size factor each
+
+
+def size_class(inputs: int) -> int:
+    """The size class of a pass of ``inputs`` inputs: floor(log2(inputs)), at most 6."""
+    return min(int(inputs).bit_length() - 1, SIZE_CLASSES - 1)
 
 
 @dataclass
@@ -109,6 +118,8 @@ class AdaptiveBudget:
         self.max_inputs = int(max_inputs)
         self.curve = curve
         self._tables: dict[int | None, tuple[np.ndarray, np.ndarray]] = {}
+        self.size_factors = np.ones(SIZE_CLASSES)  # per size class: its passes' scale / the scale
+        self._classes = np.array([0] + [size_class(n) for n in range(1, self.max_inputs + 1)])
         self._use_context(None)
         self.calibration = DepthCalibration()
         self.mask_free = mask_free
@@ -130,11 +141,17 @@ class AdaptiveBudget:
             # trap: 4 or 8 inputs can cost less than 2), so N effectively costs min over M >= N of c(M)
             suffix_best = np.array([n + int(np.argmin(costs[n:])) for n in range(costs.shape[0])])
             padded = costs[suffix_best]
-            # the cheapest average price of one more input, from a bare pass to any wider one
-            sizes = np.arange(2, padded.shape[0] + 1)
-            price = float(np.min((padded[1:] - padded[0]) / (sizes - 1))) if sizes.size else 0.0
-            self._tables[key] = (np.concatenate([[0], suffix_best + 1]), np.concatenate([[0.0], padded]), max(price, 0.0))
-        self.pad_to, self.cost_table, self.input_price = self._tables[key]
+            self._tables[key] = (np.concatenate([[0], suffix_best + 1]), np.concatenate([[0.0], padded]))
+        self.pad_to, self._curve_costs = self._tables[key]
+        self._price()
+
+    def _price(self) -> None:
+        """The cost table in use: the curve's padded costs times each padded size's size factor,
+        and ``input_price``, the cheapest average price of one more input, from a bare pass to any
+        wider one."""
+        self.cost_table = self._curve_costs * self.size_factors[self._classes[self.pad_to]]
+        widen = (self.cost_table[2:] - self.cost_table[1]) / np.arange(1, self.cost_table.shape[0] - 1)
+        self.input_price = max(float(widen.min()), 0.0) if widen.size else 0.0
 
     def _cost(self, n: int) -> float:
         return float(self.cost_table[min(n, self.max_inputs)]) + self.step_overhead
@@ -153,6 +170,11 @@ class AdaptiveBudget:
             self._scale = TIMING_DECAY * self._scale + (1 - TIMING_DECAY) * ratio
             self._overhead_seconds = TIMING_DECAY * self._overhead_seconds + (1 - TIMING_DECAY) * overhead
         self.step_overhead = self._overhead_seconds / self._scale
+        # the size class's factor moves only when one of its passes is seen (a class seldom used
+        # keeps what it learnt: how a size strays from the curve is the machine's, not the phase's)
+        c = size_class(inputs)
+        self.size_factors[c] = TIMING_DECAY * self.size_factors[c] + (1 - TIMING_DECAY) * ratio / self._scale
+        self._price()
 
     def score_floor(self) -> float:
         """The drafter score below which a node cannot pay for the input it takes, so the drafter

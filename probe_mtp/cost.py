@@ -6,6 +6,13 @@ products), while on a GPU 30 inputs cost about as much as one.  The adaptive bud
 tree from this curve, at the context length decoding has reached.  A curve is measured in a few
 timed passes at a short and a long context (about 5 s for SmolLM2 on 2 cores) and cached on disk
 per model, dtype, device and thread count.
+
+When the decoder runs the output layer apart from the backbone (:mod:`probe_mtp.head`), the curve
+also times that layer alone at a set of row counts.  Its time is far from monotone in the rows: on
+this project's 2-core CPU, Gemma 3's 262k-token output layer takes 30 ms for 1-3 rows, 90-150 ms
+for 7-15 rows and 60 ms for 16 (SmolLM2: 6, 19-26 and 9 ms), the BLAS library switching kernels
+with the row count.  The decoder therefore runs the layer only at measured row counts, padding the
+rows to the cheapest one (:func:`head_padding`), and the curve's passes are timed the same way.
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ import numpy as np
 import torch
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+HEAD_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 CURVE_CONTEXT = 128
 LONG_CONTEXT = 1024
 CACHE_ENV = "PROBE_MTP_CACHE_DIR"
 SLOW_TOLERANCE = 0.05
-# 3: a second row at a long context (2: one row, fastest of 3 rounds; 1: median of 2)
-FORMAT_VERSION = "probe-mtp-cost-curve/3"
+# 4: the output layer timed alone by rows, passes timed with it padded (3: a second row at a long
+# context; 2: one row, fastest of 3 rounds; 1: median of 2)
+FORMAT_VERSION = "probe-mtp-cost-curve/4"
 
 
 def _interpolate(sizes: tuple[int, ...], secs: tuple[float, ...], n: int) -> float:
@@ -58,6 +67,8 @@ class CostCurve:
     label: str = ""
     long_context: int | None = None
     long_seconds: tuple[float, ...] | None = None
+    head_rows: tuple[int, ...] | None = None
+    head_seconds: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         sizes = tuple(int(s) for s in self.sizes)
@@ -81,6 +92,17 @@ class CostCurve:
                 raise ValueError(f"long_context ({self.long_context}) must exceed context ({self.context})")
             object.__setattr__(self, "long_context", int(self.long_context))
             object.__setattr__(self, "long_seconds", long_seconds)
+        if (self.head_rows is None) != (self.head_seconds is None):
+            raise ValueError("the output layer's timings need both head_rows and head_seconds")
+        if self.head_rows is not None:
+            rows = tuple(int(r) for r in self.head_rows)
+            secs = tuple(float(s) for s in self.head_seconds)
+            if len(rows) != len(secs) or not rows or rows[0] < 1 or any(b <= a for a, b in zip(rows, rows[1:])):
+                raise ValueError(f"head_rows must be increasing positive row counts, one time each, got {rows}")
+            if any(not np.isfinite(s) or s <= 0 for s in secs):
+                raise ValueError(f"output layer times must be positive, got {secs}")
+            object.__setattr__(self, "head_rows", rows)
+            object.__setattr__(self, "head_seconds", secs)
 
     @classmethod
     def from_mapping(cls, times: dict, context: int = CURVE_CONTEXT, label: str = "supplied") -> "CostCurve":
@@ -119,6 +141,13 @@ class CostCurve:
         ``inputs`` per pass: ``tau / (c(inputs) / c(1))``."""
         return tau / self.relative(inputs, context)
 
+    def head_padding(self, max_rows: int) -> np.ndarray:
+        """``rows[m]``: how many rows to run the output layer on when ``m`` rows' logits are wanted
+        (``m`` <= ``max_rows``): of the measured row counts from ``m`` to ``max_rows``, the one that
+        took least time; ``m`` itself when none was measured there (or the curve has no timings of
+        the output layer: a supplied curve)."""
+        return _head_padding(self.head_rows, self.head_seconds, max_rows)
+
     def as_dict(self) -> dict:
         out = {
             "format": FORMAT_VERSION,
@@ -130,11 +159,15 @@ class CostCurve:
         if self.long_seconds is not None:
             out["long_context"] = self.long_context
             out["long_seconds"] = list(self.long_seconds)
+        if self.head_rows is not None:
+            out["head_rows"] = list(self.head_rows)
+            out["head_seconds"] = list(self.head_seconds)
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostCurve":
         long_seconds = data.get("long_seconds")
+        head_rows, head_seconds = data.get("head_rows"), data.get("head_seconds")
         return cls(
             tuple(data["sizes"]),
             tuple(data["seconds"]),
@@ -142,6 +175,8 @@ class CostCurve:
             data.get("label", ""),
             data.get("long_context"),
             None if long_seconds is None else tuple(long_seconds),
+            None if head_rows is None else tuple(head_rows),
+            None if head_seconds is None else tuple(head_seconds),
         )
 
     def __str__(self) -> str:
@@ -152,7 +187,22 @@ class CostCurve:
             f"context {ctx}: {{" + ", ".join(f"{n}: {s * 1000:.1f}" for n, s in zip(self.sizes, secs)) + "}"
             for ctx, secs in rows
         )
+        if self.head_rows is not None:
+            text += "; output layer by rows: {" + ", ".join(f"{r}: {s * 1000:.1f}" for r, s in zip(self.head_rows, self.head_seconds)) + "}"
         return f"CostCurve(ms by inputs, {text})"
+
+
+def _head_padding(head_rows, head_seconds, max_rows: int) -> np.ndarray:
+    rows = np.arange(max_rows + 1)
+    if head_rows is None:
+        return rows
+    measured = np.array([r for r in head_rows if r <= max_rows], dtype=np.int64)
+    seconds = np.array([s for r, s in zip(head_rows, head_seconds) if r <= max_rows])
+    for m in range(1, max_rows + 1):
+        at_least = measured >= m
+        if at_least.any():
+            rows[m] = int(measured[at_least][np.argmin(seconds[at_least])])
+    return rows
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -179,14 +229,25 @@ def measure_cost_curve(
     context: int = CURVE_CONTEXT,
     rounds: int = 3,
     long_context: int | None = LONG_CONTEXT,
+    head=None,
+    head_rows: tuple[int, ...] = HEAD_ROWS,
 ) -> CostCurve:
     """Time one forward pass over N new inputs on top of a ``context``-token cache, and of a
     ``long_context``-token one, for each N in ``sizes``: a few untimed warm-up passes, then
     ``rounds`` rounds visiting the sizes in alternating order (machine noise spreads over all
     sizes alike); the fastest pass per size is kept (noise only ever adds time, so the minimum is
     the steadiest estimate on a shared machine).  About 5 s for SmolLM2 on 2 cores.  Inputs are
-    causal chains with an explicit 4D mask and all logits, as in a verification pass."""
+    causal chains with an explicit 4D mask and all logits, as in a verification pass.
+
+    With ``head`` (a usable :class:`~probe_mtp.head.SplitHead`) the output layer is first timed
+    alone at each of ``head_rows`` rows, then each pass runs as the decoder runs it: the backbone,
+    then the output layer on the rows :meth:`CostCurve.head_padding` pads N to."""
     from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
+
+    head_timings = measure_head(head, head_rows, rounds) if head is not None else None
+    if head_timings is not None:
+        head_rows, head_seconds = head_timings
+        padding = _head_padding(head_rows, head_seconds, max(sizes))
 
     device = model.device
     fmt = AttentionFormat.for_model(model)
@@ -207,15 +268,13 @@ def measure_cost_curve(
         visible = np.tril(np.ones((n, n), dtype=bool))
         positions = torch.arange(ctx, ctx + n, device=device)
         attn = attention_inputs(cache, visible, positions, fmt)
+        inputs = dict(input_ids=ids[:, ctx : ctx + n], attention_mask=attn, position_ids=positions[None], cache=cache, use_cache=True)
         _sync(device)
         t0 = time.perf_counter()
-        model(
-            input_ids=ids[:, ctx : ctx + n],
-            attention_mask=attn,
-            position_ids=positions[None],
-            cache=cache,
-            use_cache=True,
-        )
+        if head_timings is None:
+            model(**inputs)
+        else:
+            head.logits(head.hidden_states(**inputs), rows=int(padding[n]))
         _sync(device)
         elapsed = time.perf_counter() - t0
         keep_accepted(cache, n, torch.zeros(0, dtype=torch.long, device=device))
@@ -231,7 +290,34 @@ def measure_cost_curve(
                 timings[ctx, n].append(one_pass(ctx, n))
     row = lambda ctx: tuple(float(np.min(timings[ctx, n])) for n in sizes)  # noqa: E731
     long_row = None if long_context is None else row(long_context)
-    return CostCurve(tuple(sizes), row(context), context, "measured", long_context, long_row)
+    head_args = (None, None) if head_timings is None else head_timings
+    return CostCurve(tuple(sizes), row(context), context, "measured", long_context, long_row, *head_args)
+
+
+@torch.no_grad()
+def measure_head(head, rows: tuple[int, ...] = HEAD_ROWS, rounds: int = 3) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The output layer alone (with its soft-capping), on each of ``rows`` rows of hidden states:
+    warmed up, then the fastest of ``rounds`` rounds in alternating order.  About 4 s for Gemma
+    3's 262k-token vocabulary on 2 cores, 0.5 s for SmolLM2's 49k."""
+    weight = head.head.weight
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(max(rows), weight.shape[-1], generator=gen).to(device=weight.device, dtype=weight.dtype)
+    device = weight.device
+
+    def one(m: int) -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        head.logits(hidden[:m])
+        _sync(device)
+        return time.perf_counter() - t0
+
+    for m in sorted({rows[0], rows[len(rows) // 2], rows[-1]}):
+        one(m)
+    timings = {m: [] for m in rows}
+    for r in range(rounds):
+        for m in rows if r % 2 == 0 else tuple(reversed(rows)):
+            timings[m].append(one(m))
+    return tuple(rows), tuple(float(np.min(timings[m])) for m in rows)
 
 
 # ---------------------------------------------------------------------------- the disk cache
@@ -244,11 +330,13 @@ def cache_dir() -> Path:
     return Path(base) / "probe-mtp"
 
 
-def curve_key(model) -> dict:
+def curve_key(model, split_head: bool = False) -> dict:
     """What a curve depends on: the model, its dtype, device, attention implementation, torch's
-    thread count and version, and the machine's processor count."""
+    thread count and version, the machine's processor count, and whether passes run the output
+    layer apart from the backbone."""
     config = model.config
     return {
+        "split_head": bool(split_head),
         "model": str(getattr(config, "name_or_path", "")) or type(model).__name__,
         "class": type(model).__name__,
         "hidden": int(getattr(config.get_text_config(), "hidden_size", 0) or 0),
@@ -262,30 +350,32 @@ def curve_key(model) -> dict:
     }
 
 
-def curve_path(model, directory: Path | None = None) -> Path:
-    key = json.dumps(curve_key(model), sort_keys=True)
+def curve_path(model, directory: Path | None = None, split_head: bool = False) -> Path:
+    key = json.dumps(curve_key(model, split_head), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (directory or cache_dir()) / f"cost-curve-{digest}.json"
 
 
-def cost_curve_for(model, use_disk: bool = True, directory: Path | None = None) -> CostCurve:
+def cost_curve_for(model, use_disk: bool = True, directory: Path | None = None, head=None) -> CostCurve:
     """The model's cost curve: read from the disk cache when one was measured under the same
     conditions, else measured now (and written, unless ``use_disk`` is False).  A cache that cannot
-    be read or written is ignored: the curve is then measured each time."""
-    path = curve_path(model, directory)
+    be read or written is ignored: the curve is then measured each time.  ``head``: the decoder's
+    usable :class:`~probe_mtp.head.SplitHead`, if any (the curve then times the output layer too)."""
+    key = curve_key(model, split_head=head is not None)
+    path = curve_path(model, directory, split_head=head is not None)
     if use_disk and path.is_file():
         try:
             data = json.loads(path.read_text())
-            if data.get("format") == FORMAT_VERSION and data.get("key") == curve_key(model):
+            if data.get("format") == FORMAT_VERSION and data.get("key") == key:
                 return CostCurve.from_dict(data["curve"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    curve = measure_cost_curve(model)
+    curve = measure_cost_curve(model, head=head)
     if use_disk:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"format": FORMAT_VERSION, "key": curve_key(model), "curve": curve.as_dict()}, indent=1))
+            tmp.write_text(json.dumps({"format": FORMAT_VERSION, "key": key, "curve": curve.as_dict()}, indent=1))
             tmp.replace(path)
         except OSError:
             pass

@@ -193,7 +193,8 @@ class ProbeDecoder:
             return supplied if isinstance(supplied, CostCurve) else CostCurve.from_mapping(dict(supplied))
         key = bool(config.cost_cache)
         if key not in self._cost_curves:
-            self._cost_curves[key] = cost_curve_for(self.model, use_disk=key)
+            head = self.split_head if self.split_head.usable else None
+            self._cost_curves[key] = cost_curve_for(self.model, use_disk=key, head=head)
         return self._cost_curves[key]
 
     def budget_policy(self, config: ProbeConfig, drafter: Drafter):
@@ -272,6 +273,9 @@ class _Run:
         start_recording(self.cache)
         self.policy = decoder.budget_policy(req.config, drafter)
         self.head = decoder.split_head if decoder.split_head.usable else None
+        # rows to run the output layer on, per rows wanted: the cheapest measured count (auto budget)
+        curve = getattr(self.policy, "curve", None)
+        self.head_rows = curve.head_padding(decoder.widest_pass(req.config)) if self.head is not None and curve is not None else None
 
     # ---------------------------------------------------------------- pieces
     @property
@@ -373,6 +377,13 @@ class _Run:
         if self.masks is not None:
             self.masks.update(dec.embed(torch.tensor(new_tokens, device=self.device)))
 
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output layer on ``hidden``'s rows, run on the padded row count the curve found
+        cheapest (when it timed the layer)."""
+        count = hidden.shape[0]
+        rows = int(self.head_rows[count]) if self.head_rows is not None and count < self.head_rows.shape[0] else None
+        return self.head.logits(hidden, rows=rows)
+
     def verify_pass(self, tree: TokenTree, layout: TreeLayout, inputs: PassInputs):
         """One forward pass: node logits ``[tree.size, V]`` and a function giving the logits of a
         node's masks.  With the split head the output layer runs only on the nodes (and on the
@@ -385,12 +396,12 @@ class _Run:
             if end - tree.size <= EAGER_MASK_ROWS:
                 # few mask inputs (masks on the root only, say): their rows ride along with the
                 # nodes', since a second call would read the whole output layer again
-                logits = self.head.logits(hidden[:end])
+                logits = self.head_logits(hidden[:end])
                 node_logits = logits[: tree.size]
                 rows_of = lambda slots: logits[torch.from_numpy(slots)]  # noqa: E731
             else:
-                node_logits = self.head.logits(hidden[: tree.size])
-                rows_of = lambda slots: self.head.logits(hidden[torch.from_numpy(slots)])  # noqa: E731
+                node_logits = self.head_logits(hidden[: tree.size])
+                rows_of = lambda slots: self.head_logits(hidden[torch.from_numpy(slots)])  # noqa: E731
         else:
             logits = forward_pass(self.dec.model, self.cache, inputs)
             node_logits = logits[: tree.size]

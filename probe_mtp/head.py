@@ -34,14 +34,21 @@ class SplitHead:
         self.softcap = getattr(text_config, "final_logit_softcapping", None)
         self.usable = self._reproduces_model()
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[M, H]`` final hidden states -> ``[M, V]`` float32 logits, as the model computes them."""
+    def logits(self, hidden: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """``[M, H]`` final hidden states -> ``[M, V]`` float32 logits, as the model computes them.
+        ``rows`` (at least M): run the layer on that many rows, zero-padded, and return the first
+        M, because BLAS may take several times longer over M rows than over a few more (see
+        :meth:`probe_mtp.cost.CostCurve.head_padding`); each row's logits do not depend on the
+        others'."""
+        count = hidden.shape[0]
+        if rows is not None and rows > count:
+            hidden = torch.cat([hidden, hidden.new_zeros(rows - count, hidden.shape[1])])
         out = self.head(hidden)
         if self.softcap is not None:
             # in place: the same operations as the model's, without two more [M, V] temporaries
             # (for Gemma's 262k vocabulary 1 MB per row, the largest transient of a wide pass)
             out = out.div_(self.softcap).tanh_().mul_(self.softcap)
-        return out.float()
+        return out.float()[:count]
 
     def hidden_states(self, **inputs) -> torch.Tensor:
         """The backbone's final (normalised) hidden states ``[N, H]`` for a batch of one."""

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe_mtp.adaptive import AdaptiveBudget, DepthCalibration, FixedBudget
+from probe_mtp.adaptive import AdaptiveBudget, DepthCalibration, FixedBudget, size_class
 from probe_mtp.cost import CostCurve, cost_curve_for, curve_path
 from probe_mtp.tree import TokenTree, best_order, choose_node_count, esp_layout, keep_nodes, pad_layout, path_monotone
 
@@ -80,6 +80,23 @@ def test_cost_curve_interpolates_and_flags_the_small_size_trap():
 
 
 # 128 tokens of context: 8 inputs cost 1.2x one; at 1024 they cost 2x (attention reads the cache)
+def test_cost_curve_times_of_the_output_layer_give_its_row_padding():
+    curve = CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2, 4, 16, 32), head_seconds=(1.0, 1.0, 3.0, 2.0, 2.5))
+    padding = curve.head_padding(20)
+    # 1 and 2 rows stay; 3-16 rows run on 16 (cheaper than 4); 17-20 rows: nothing measured there
+    assert padding.tolist() == [0, 1, 2] + [16] * 14 + [17, 18, 19, 20]
+    assert curve.head_padding(10).tolist() == [0, 1, 2, 4, 4] + list(range(5, 11))  # capped at 10 rows
+    assert CostCurve((1, 8), (1.0, 2.0)).head_padding(5).tolist() == list(range(6))  # no timings: as wanted
+    assert CostCurve.from_dict(curve.as_dict()) == curve
+    assert "output layer by rows" in str(curve)
+    with pytest.raises(ValueError, match="head_rows and head_seconds"):
+        CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2))
+    with pytest.raises(ValueError, match="increasing"):
+        CostCurve((1, 8), (1.0, 2.0), head_rows=(2, 1), head_seconds=(1.0, 1.0))
+    with pytest.raises(ValueError, match="positive"):
+        CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2), head_seconds=(1.0, 0.0))
+
+
 LONG_CURVE = CostCurve((1, 8, 32), (10.0, 12.0, 20.0), 128, "toy", 1024, (12.0, 24.0, 60.0))
 
 
@@ -163,12 +180,38 @@ def test_adaptive_takes_a_tree_when_it_pays_and_never_an_inefficient_size():
 GEMMA_CPU_CURVE = CostCurve.from_mapping({1: 1.0, 2: 1.07, 4: 1.71, 8: 2.25, 16: 2.08, 32: 2.61, 64: 4.58})
 
 
+def test_size_factors_price_each_size_class_by_its_own_timings():
+    assert [size_class(n) for n in (1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64, 200)] == [0, 1, 1, 2, 2, 3, 4, 4, 5, 5, 6, 6]
+    chain = TokenTree(np.arange(16), np.arange(-1, 15), 0.9 ** np.arange(16))
+    policy = AdaptiveBudget(CPU_CURVE, num_masks=0, max_inputs=64)
+    wide = policy.plan(chain).tree.size
+    assert wide == 16
+    # one-input passes run at the curve's times, passes of 16-31 inputs at twice theirs: after a
+    # while the 16-31 class is priced at about twice its curve cost, relative to the others
+    for _ in range(40):
+        policy.observe_timing(inputs=1, context=200, forward_seconds=CPU_CURVE.cost(1) / 1000, step_seconds=CPU_CURVE.cost(1) / 1000)
+        policy.observe_timing(inputs=16, context=200, forward_seconds=2 * CPU_CURVE.cost(16) / 1000, step_seconds=2 * CPU_CURVE.cost(16) / 1000)
+    factors = policy.size_factors
+    assert factors[4] / factors[0] == pytest.approx(2.0, rel=0.05)
+    assert factors[1] == factors[2] == factors[3] == factors[5] == 1.0  # classes never seen keep their factor
+    assert policy._cost(16) / policy._cost(1) == pytest.approx(2 * CPU_CURVE.cost(16) / CPU_CURVE.cost(1), rel=0.05)
+    assert policy.plan(chain).tree.size < 16  # the plan moved off the dearer class
+
+
 @FAST
-@given(bfs_trees(), st.data(), st.sampled_from([CPU_CURVE, GEMMA_CPU_CURVE]), st.floats(0.0, 0.5))
-def test_nodes_below_the_score_floor_never_pay(tree, data, curve, overhead):
+@given(
+    bfs_trees(),
+    st.data(),
+    st.sampled_from([CPU_CURVE, GEMMA_CPU_CURVE]),
+    st.floats(0.0, 0.5),
+    st.lists(st.tuples(st.integers(1, 64), st.floats(0.5, 2.0)), max_size=6),
+)
+def test_nodes_below_the_score_floor_never_pay(tree, data, curve, overhead, timings):
     """A tree whose draft nodes all score below the floor is never worth more than a bare step,
-    whatever the step overhead: the floor is where the drafter may stop growing."""
+    whatever the step overhead and the size factors: the floor is where the drafter may stop growing."""
     policy = AdaptiveBudget(curve, num_masks=0, max_inputs=64)
+    for inputs, ratio in timings:  # passes of various sizes running off the curve's times
+        policy.observe_timing(inputs, 200, ratio * curve.cost(inputs), ratio * curve.cost(inputs))
     policy.step_overhead = overhead * curve.cost(1)
     floor = policy.score_floor()
     assert floor > 0.0

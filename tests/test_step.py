@@ -14,6 +14,7 @@ from transformers import Gemma3ForCausalLM, LlamaForCausalLM
 
 from probe_mtp import ProbeDecoder
 from probe_mtp.cost import measure_cost_curve
+from probe_mtp.head import SplitHead
 from probe_mtp.heap import heap_trimmer
 from probe_mtp.kv import GROW_TOKENS, ReservedLayer, keep_accepted, new_cache, start_recording
 from probe_mtp.step import node_targets, top_candidates
@@ -253,6 +254,11 @@ def test_cost_curve_is_measured_at_a_context_beyond_the_sliding_window(make):
     model = make("sdpa")
     curve = measure_cost_curve(model, sizes=(1, 2, 4), context=16, rounds=1, long_context=64)  # window: 8
     assert curve.long_context == 64 and len(curve.long_seconds) == 3
-    assert curve.cost(4, 200) > 0
+    assert curve.cost(4, 200) > 0 and curve.head_rows is None
+    # with the split head: the output layer timed alone, the passes run with it padded
+    head = SplitHead(model)
+    assert head.usable
+    timed = measure_cost_curve(model, sizes=(1, 2, 4), context=16, rounds=1, long_context=64, head=head, head_rows=(1, 3, 8))
+    assert timed.head_rows == (1, 3, 8) and all(s > 0 for s in timed.head_seconds) and timed.cost(4, 200) > 0
     # no room for a long context within the model's positions: one row
     assert measure_cost_curve(model, sizes=(1, 2), context=130, rounds=1, long_context=1024).long_seconds is None
