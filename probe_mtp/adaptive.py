@@ -11,8 +11,8 @@ reports each step's timings, and the policy keeps running means of that overhead
 real passes compare with the curve (which is timed in a tight loop), so a step of N inputs costs
 ``c(N, L) * size_factor(N) + overhead / scale`` in the curve's units.  ``scale`` follows the
 machine (a shared machine's slow phases); ``size_factor`` how far passes of N's size class (1,
-2-3, 4-7, ... inputs) stray from the curve relative to the others (wide passes, less cache-friendly,
-run further from their tight-loop times than narrow ones).  A fixed per-step cost favours fewer,
+2-3, 4-7, ... inputs) stray from the curve relative to the others (on our 2-core CPU wide
+passes ran further from their tight-loop times than narrow ones).  A fixed per-step cost favours fewer,
 larger steps over many bare ones.
 
 With masks (``k`` per node) a pass over ``n`` draft nodes has ``(k+1)(n+1)`` inputs; a mask-free

@@ -4,7 +4,7 @@ Verification width is not free on every machine: on a 2-core CPU 16 inputs cost 
 token and 2-3 inputs are disproportionately slow (BLAS treats 2-3 rows as separate vector
 products), while on a GPU 30 inputs cost about as much as one.  The adaptive budget sizes each
 tree from this curve, at the context length decoding has reached.  A curve is measured in a few
-timed passes at a short and a long context (about 5 s for SmolLM2 on 2 cores) and cached on disk
+timed passes at a short and a long context (about 9 s for SmolLM2, 14 s for Gemma 3 on 2 cores) and cached on disk
 per model, dtype, device and thread count.
 
 When the decoder runs the output layer apart from the backbone (:mod:`probe_mtp.head`), the curve
@@ -236,7 +236,7 @@ def measure_cost_curve(
     ``long_context``-token one, for each N in ``sizes``: a few untimed warm-up passes, then
     ``rounds`` rounds visiting the sizes in alternating order (machine noise spreads over all
     sizes alike); the fastest pass per size is kept (noise only ever adds time, so the minimum is
-    the steadiest estimate on a shared machine).  About 5 s for SmolLM2 on 2 cores.  Inputs are
+    the steadiest estimate on a shared machine).  About 9 s for SmolLM2 on 2 cores.  Inputs are
     causal chains with an explicit 4D mask and all logits, as in a verification pass.
 
     With ``head`` (a usable :class:`~probe_mtp.head.SplitHead`) the output layer is first timed
