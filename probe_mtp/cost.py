@@ -12,7 +12,8 @@ also times that layer alone at a set of row counts.  Its time is far from monoto
 this project's 2-core CPU, Gemma 3's 262k-token output layer takes 30 ms for 1-3 rows, 90-150 ms
 for 7-15 rows and 60 ms for 16 (SmolLM2: 6, 19-26 and 9 ms), the BLAS library switching kernels
 with the row count.  The decoder therefore runs the layer only at measured row counts, padding the
-rows to the cheapest one (:func:`head_padding`), and the curve's passes are timed the same way.
+rows to the cheapest one (:meth:`CostCurve.head_padding`), and the curve's passes are timed the
+same way.
 """
 
 from __future__ import annotations
@@ -244,10 +245,8 @@ def measure_cost_curve(
     then the output layer on the rows :meth:`CostCurve.head_padding` pads N to."""
     from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
 
-    head_timings = measure_head(head, head_rows, rounds) if head is not None else None
-    if head_timings is not None:
-        head_rows, head_seconds = head_timings
-        padding = _head_padding(head_rows, head_seconds, max(sizes))
+    head_seconds = measure_head(head, head_rows, rounds) if head is not None else None
+    padding = _head_padding(head_rows, head_seconds, max(sizes)) if head is not None else None
 
     device = model.device
     fmt = AttentionFormat.for_model(model)
@@ -261,7 +260,6 @@ def measure_cost_curve(
         caches[ctx] = new_cache(model, capacity=ctx + max(sizes))
         start_recording(caches[ctx])  # sliding-window layers keep a pass's entries until rollback
         model(input_ids=ids[:, :ctx], cache=caches[ctx], use_cache=True, logits_to_keep=1)
-    timings: dict[tuple[int, int], list[float]] = {(ctx, n): [] for ctx in contexts for n in sizes}
 
     def one_pass(ctx: int, n: int) -> float:
         cache = caches[ctx]
@@ -271,7 +269,7 @@ def measure_cost_curve(
         inputs = dict(input_ids=ids[:, ctx : ctx + n], attention_mask=attn, position_ids=positions[None], cache=cache, use_cache=True)
         _sync(device)
         t0 = time.perf_counter()
-        if head_timings is None:
+        if head is None:
             model(**inputs)
         else:
             head.logits(head.hidden_states(**inputs), rows=int(padding[n]))
@@ -280,25 +278,32 @@ def measure_cost_curve(
         keep_accepted(cache, n, torch.zeros(0, dtype=torch.long, device=device))
         return elapsed
 
-    for ctx in contexts:  # warm-up: allocator, BLAS, kernels
-        for n in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}):
-            one_pass(ctx, n)
+    fastest = _fastest_of_rounds(sizes, lambda n: [one_pass(ctx, n) for ctx in contexts], rounds)
+    row = lambda i: tuple(float(fastest[n][i]) for n in sizes)  # noqa: E731
+    long_row = None if long_context is None else row(1)
+    head_args = (None, None) if head is None else (tuple(head_rows), head_seconds)
+    return CostCurve(tuple(sizes), row(0), context, "measured", long_context, long_row, *head_args)
+
+
+def _fastest_of_rounds(sizes: tuple[int, ...], run, rounds: int) -> dict[int, np.ndarray]:
+    """Per size, the fastest of ``rounds`` calls ``run(size)`` (each returning its timings, one per
+    variant, as a sequence), after untimed warm-up calls (allocator, BLAS, kernels) on the first,
+    middle and last size.  Rounds visit the sizes in alternating order, so machine noise spreads
+    over all sizes alike; the minimum is kept (noise only ever adds time)."""
+    for n in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}):
+        run(n)
+    timings: dict[int, list] = {n: [] for n in sizes}
     for r in range(rounds):
-        order = sizes if r % 2 == 0 else tuple(reversed(sizes))
-        for n in order:
-            for ctx in contexts:
-                timings[ctx, n].append(one_pass(ctx, n))
-    row = lambda ctx: tuple(float(np.min(timings[ctx, n])) for n in sizes)  # noqa: E731
-    long_row = None if long_context is None else row(long_context)
-    head_args = (None, None) if head_timings is None else head_timings
-    return CostCurve(tuple(sizes), row(context), context, "measured", long_context, long_row, *head_args)
+        for n in sizes if r % 2 == 0 else tuple(reversed(sizes)):
+            timings[n].append(run(n))
+    return {n: np.min(np.asarray(timings[n], dtype=float), axis=0) for n in sizes}
 
 
 @torch.no_grad()
-def measure_head(head, rows: tuple[int, ...] = HEAD_ROWS, rounds: int = 3) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """The output layer alone (with its soft-capping), on each of ``rows`` rows of hidden states:
-    warmed up, then the fastest of ``rounds`` rounds in alternating order.  About 4 s for Gemma
-    3's 262k-token vocabulary on 2 cores, 0.5 s for SmolLM2's 49k."""
+def measure_head(head, rows: tuple[int, ...] = HEAD_ROWS, rounds: int = 3) -> tuple[float, ...]:
+    """Seconds of the output layer alone (with its soft-capping) on each of ``rows`` rows of hidden
+    states: warmed up, then the fastest of ``rounds`` rounds in alternating order.  About 3.5 s
+    for Gemma 3's 262k-token vocabulary on 2 cores, 1 s for SmolLM2's 49k."""
     weight = head.head.weight
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(max(rows), weight.shape[-1], generator=gen).to(device=weight.device, dtype=weight.dtype)
@@ -311,13 +316,8 @@ def measure_head(head, rows: tuple[int, ...] = HEAD_ROWS, rounds: int = 3) -> tu
         _sync(device)
         return time.perf_counter() - t0
 
-    for m in sorted({rows[0], rows[len(rows) // 2], rows[-1]}):
-        one(m)
-    timings = {m: [] for m in rows}
-    for r in range(rounds):
-        for m in rows if r % 2 == 0 else tuple(reversed(rows)):
-            timings[m].append(one(m))
-    return tuple(rows), tuple(float(np.min(timings[m])) for m in rows)
+    fastest = _fastest_of_rounds(tuple(rows), lambda m: [one(m)], rounds)
+    return tuple(float(fastest[m][0]) for m in rows)
 
 
 # ---------------------------------------------------------------------------- the disk cache

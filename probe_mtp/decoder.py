@@ -275,7 +275,7 @@ class _Run:
         self.head = decoder.split_head if decoder.split_head.usable else None
         # rows to run the output layer on, per rows wanted: the cheapest measured count (auto budget)
         curve = getattr(self.policy, "curve", None)
-        self.head_rows = curve.head_padding(decoder.widest_pass(req.config)) if self.head is not None and curve is not None else None
+        self.head_padding = curve.head_padding(decoder.widest_pass(req.config)) if self.head is not None and curve is not None else None
 
     # ---------------------------------------------------------------- pieces
     @property
@@ -381,7 +381,8 @@ class _Run:
         """The output layer on ``hidden``'s rows, run on the padded row count the curve found
         cheapest (when it timed the layer)."""
         count = hidden.shape[0]
-        rows = int(self.head_rows[count]) if self.head_rows is not None and count < self.head_rows.shape[0] else None
+        padding = self.head_padding
+        rows = int(padding[count]) if padding is not None and count < padding.shape[0] else None
         return self.head.logits(hidden, rows=rows)
 
     def verify_pass(self, tree: TokenTree, layout: TreeLayout, inputs: PassInputs):
