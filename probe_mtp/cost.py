@@ -5,7 +5,8 @@ token and 2-3 inputs are disproportionately slow (BLAS treats 2-3 rows as separa
 products), while on a GPU 30 inputs cost about as much as one.  The adaptive budget sizes each
 tree from this curve, at the context length decoding has reached.  A curve is measured in a few
 timed passes at a short and a long context (about 9 s for SmolLM2, 14 s for Gemma 3 on 2 cores) and cached on disk
-per model, dtype, device and thread count.
+per model, dtype, device, thread count and processor (a home directory shared by machines of
+different makes keeps one curve for each).
 
 When the decoder runs the output layer apart from the backbone (:mod:`probe_mtp.head`), the curve
 also times that layer alone at a set of row counts.  Its time is far from monotone in the rows: on
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,10 +332,22 @@ def cache_dir() -> Path:
     return Path(base) / "probe-mtp"
 
 
+def processor_name() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def curve_key(model, split_head: bool = False) -> dict:
     """What a curve depends on: the model, its dtype, device, attention implementation, torch's
-    thread count and version, the machine's processor count, and whether passes run the output
-    layer apart from the backbone."""
+    thread count and version, the machine's processor model and count, and whether passes run the
+    output layer apart from the backbone."""
     config = model.config
     return {
         "split_head": bool(split_head),
@@ -347,6 +361,7 @@ def curve_key(model, split_head: bool = False) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        "processor": processor_name(),
     }
 
 
