@@ -35,7 +35,7 @@ from .verify import (
     NodeRows,
     process_node_row,
 )
-from .vocab import vocab_argmax
+from .vocab import RowTops, vocab_argmax
 
 LAYOUT_CACHE_SIZE = 256
 # the KV cache is reserved for the prompt plus at most this many new tokens (then it grows)
@@ -304,8 +304,10 @@ class _Run:
             self.req.streamer.put(self.buffer[0, self.length - committed : self.length].cpu())
         return committed
 
-    def choose(self, tree: TokenTree, node_logits: torch.Tensor, context: torch.Tensor):
-        """Verify: returns (accepted path, new tokens, the ``[1, V]`` processed score row of each new token)."""
+    def choose(self, tree: TokenTree, node_logits: torch.Tensor, context: torch.Tensor, tops: RowTops | None = None):
+        """Verify: returns (accepted path, new tokens, the ``[1, V]`` processed score row of each new
+        token).  ``tops``: the nodes' top tokens when already computed (their unique maxima are the
+        greedy targets when no processor changes the logits)."""
         req = self.req
         if not req.do_sample and node_logits.device.type == "cpu":
             # processors and argmax only at the nodes the walk reaches (about tau rows, not the
@@ -313,7 +315,13 @@ class _Run:
             def row(node: int) -> torch.Tensor:
                 return process_node_row(req.processors, context, tree, node_logits, node)
 
-            path, bonus = accept_greedy_lazily(tree, lambda node: vocab_argmax(row(node))[0])
+            known = tops if tops is not None and not req.processors else None
+
+            def target_of(node: int) -> int:
+                target = known.argmax(node) if known is not None else None
+                return int(vocab_argmax(row(node))[0]) if target is None else target
+
+            path, bonus = accept_greedy_lazily(tree, target_of)
             new_tokens = np.append(tree.tokens[path[1:]], bonus)
             nodes = path.tolist()
             return path, new_tokens, NodeRows(row, nodes) if req.processors else [row(j) for j in nodes]
@@ -332,7 +340,7 @@ class _Run:
         new_tokens = np.append(tree.tokens[path[1:]], bonus)
         return path, new_tokens, [scores[j : j + 1] for j in path.tolist()]  # views: no [path, vocab] copy
 
-    def feedback(self, tree, path, new_tokens, node_logits, mask_logits, is_prefill=False):
+    def feedback(self, tree, path, new_tokens, node_logits, mask_logits, is_prefill=False, node_tops=None):
         self.drafter.observe(
             StepFeedback(
                 tree=tree,
@@ -342,6 +350,7 @@ class _Run:
                 mask_logits=mask_logits,
                 context=self.sequence[0].cpu().numpy(),
                 is_prefill=is_prefill,
+                node_tops=node_tops,
             )
         )
 
@@ -433,14 +442,16 @@ class _Run:
         inputs = assemble_inputs(dec.embed, full, layout, self.masks if k else None, self.length - 1 - m, self.cache, dec.fmt)
         full_logits, masks_of = self.verify_pass(full, layout, inputs)
         node_logits = full_logits[m:]
-        path, new_tokens, token_scores = self.choose(tree, node_logits, context)
+        # the nodes' top tokens, once, for the drafter's learning and the greedy walk
+        tops = RowTops.of(node_logits, max(self.drafter.node_top_k, 2)) if self.drafter.node_top_k else None
+        path, new_tokens, token_scores = self.choose(tree, node_logits, context, tops)
         self.policy.observe(tree, path)
         keep = np.concatenate([np.arange(m), path + m]) if m else path
         keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(keep).to(self.device))
         mask_logits = masks_of(int(path[-1]) + m) if k else None
         new_tokens, token_scores, mask_logits = self.extend(new_tokens, token_scores, mask_logits)
         self.stats.accepted_lengths.append(self.commit(new_tokens.tolist(), token_scores))
-        self.feedback(tree, path, new_tokens, node_logits, mask_logits)
+        self.feedback(tree, path, new_tokens, node_logits, mask_logits, node_tops=tops)
         if self.masks is not None and not self.done:
             self.masks.update(dec.embed(torch.from_numpy(new_tokens).to(self.device)))
 

@@ -18,6 +18,7 @@ from probe_mtp.drafters.context_match import ContextIndex
 from probe_mtp.drafters.hybrid import MASK, SUCC
 from probe_mtp.drafters.successors import SuccessorTable
 from probe_mtp.tree import TokenTree, grow_best_first
+from probe_mtp.vocab import RowTops
 
 from conftest import GEMMA_TEXTS, SMOL_NEW_TOKENS
 
@@ -247,6 +248,25 @@ def test_hybrid_merges_sources_into_one_tree_and_calibrates():
     # the successor table learnt from every verified node: the rejected node (.., 1, 2) too
     assert d.successors.lookup((4, 1, 2))[1][0][0] == 9
     assert d.successors.lookup((3, 4, 1))[1][0][0] == 8
+
+
+def test_hybrid_learns_the_same_from_the_decoders_row_tops_as_from_the_logits():
+    prompt = np.array([1, 2, 3, 4, 1, 2])
+    drafters = [HybridDrafter(budget=8, max_ngram=3) for _ in range(2)]
+    assert drafters[0].node_top_k == drafters[0].successors.top_k == 8
+    for given_tops, d in zip((False, True), drafters):
+        d.start(prompt)
+        d.observe(_feedback(TokenTree.root_only(2), [0], prompt, [3], _logits([{3: 0.7, 5: 0.2}]), prefill=True))
+        context = np.append(prompt, 3)
+        tree = d.propose(3, context)
+        logits = _logits([{9: 0.5, int(t) % 7: 0.3} for t in tree.tokens])
+        fb = _feedback(tree, [0], context, [9], logits)
+        if given_tops:
+            fb.node_tops = RowTops.of(logits, d.node_top_k)
+        d.observe(fb)
+    for mine, theirs in zip(drafters[0].successors._tables, drafters[1].successors._tables):
+        assert np.array_equal(mine.tokens, theirs.tokens) and np.array_equal(mine.probs, theirs.probs)
+        assert np.array_equal(mine.width, theirs.width)
 
 
 def test_hybrid_mask_source_proposes_the_first_level():

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe_mtp.vocab import BLOCK, logsumexp_rows, top_probabilities, vocab_argmax, vocab_topk
+from probe_mtp.vocab import BLOCK, RowTops, top_probabilities, vocab_argmax, vocab_topk
 
 
 def _logits(seed: int, rows: int, vocab: int, ties: bool) -> torch.Tensor:
@@ -62,6 +63,26 @@ def test_top_probabilities_of_half_precision_logits(dtype):
     assert probs.dtype == torch.float32 and torch.allclose(probs, torch.softmax(x.float(), -1).gather(1, tokens))
 
 
-def test_logsumexp_in_row_chunks_is_the_whole_logsumexp():
+def test_top_probabilities_in_row_chunks_are_the_whole_softmax():
     x = _logits(3, 11, 8 * BLOCK, False)
-    assert torch.equal(logsumexp_rows(x, rows_per_call=3), torch.logsumexp(x, dim=-1, keepdim=True))
+    tokens, probs = top_probabilities(x, 4, rows_per_call=3)
+    assert torch.equal(probs, torch.softmax(x, dim=-1).gather(1, tokens))
+
+
+def _peaked(seed: int, rows: int, blocks: int, spikes: int) -> torch.Tensor:
+    """Rows like a language model's: a low floor with a few tokens far above it."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, blocks * BLOCK, generator=g) * 2 - 20
+    where = torch.randint(0, blocks * BLOCK, (rows, spikes), generator=g)
+    return x.scatter_(1, where, torch.rand(rows, spikes, generator=g) * 12 - 4)
+
+
+def test_row_tops_give_the_argmax_only_where_it_is_unique():
+    x = _peaked(7, 4, 64, 6)
+    x[1, 100] = x[1, 3000] = x[1].max() + 1  # a tie for the maximum
+    x[2, 50] = float("nan")
+    tops = RowTops.of(x, 3)
+    assert tops.tokens.shape == (4, 3) and tops.probs.dtype == np.float64
+    assert tops.argmax(0) == int(x[0].argmax()) and tops.argmax(3) == int(x[3].argmax())
+    assert tops.argmax(1) is None and tops.argmax(2) is None
+    assert RowTops.of(x, 1).argmax(0) is None  # one token kept: uniqueness unknown

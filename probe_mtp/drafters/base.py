@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..tree import TokenTree
+from ..vocab import RowTops
 
 
 @dataclass
@@ -22,7 +23,9 @@ class StepFeedback:
     - ``node_logits``: ``[tree.size, V]`` the model's logits after each node;
     - ``mask_logits``: ``[k, V]`` logits of the deepest accepted node's masks (None when k = 0 or
       when that node carried no masks);
-    - ``context``: every committed token so far (prompt + generated), 1D numpy.
+    - ``context``: every committed token so far (prompt + generated), 1D numpy;
+    - ``node_tops``: each node's most probable tokens and their probabilities, when the decoder
+      computed them (at least ``Drafter.node_top_k`` wide); None: read ``node_logits``.
     """
 
     tree: TokenTree
@@ -32,6 +35,7 @@ class StepFeedback:
     mask_logits: torch.Tensor | None
     context: np.ndarray
     is_prefill: bool = False
+    node_tops: RowTops | None = None
 
 
 class Drafter(ABC):
@@ -40,6 +44,9 @@ class Drafter(ABC):
 
     name: str = "drafter"
     num_masks: int = 0
+    # how many of every verified node's most probable tokens observe() reads (0: none); the decoder
+    # then computes them once per pass (StepFeedback.node_tops) and its greedy walk reads them too
+    node_top_k: int = 0
 
     def __init__(self, budget: int):
         self.budget = int(budget)

@@ -124,6 +124,11 @@ class HybridDrafter(Drafter):
         self._reset()
 
     @property
+    def node_top_k(self) -> int:
+        """Every verified node's top ``top_k`` feed the successor table."""
+        return self.successors.top_k
+
+    @property
     def max_nodes(self) -> int:
         """Draft nodes that fit the budget: ``budget - 1 - num_masks * mask_nodes``, or
         ``budget // (num_masks + 1) - 1`` with masks on every node (``mask_nodes=None``)."""
@@ -260,7 +265,10 @@ class HybridDrafter(Drafter):
             rows = accepted
         tails = self._node_tails(tree)
         logits = feedback.node_logits
-        if rows.size == logits.shape[0]:
+        tops = feedback.node_tops
+        if tops is not None and tops.width >= self.successors.top_k:
+            top_tokens, top_probs = tops.tokens[rows], tops.probs[rows]
+        elif rows.size == logits.shape[0]:
             # every node: top-k over the logits as they are, then reorder the small result (a
             # reordered copy of the logits would move rows x vocab floats: 31 MB on Gemma 3)
             top_tokens, top_probs = self.successors.candidates(logits)
