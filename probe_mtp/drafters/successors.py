@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..vocab import top_probabilities
+from ..vocab import RowTops
 
 # an entry: (tokens, probabilities), most probable first
 Entry = tuple[list[int], list[float]]
@@ -96,8 +96,8 @@ class SuccessorTable:
 
     def candidates(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Per row of ``logits``: the ``top_k`` most probable tokens and their probabilities."""
-        tokens, probs = top_probabilities(logits, self.top_k)
-        return tokens.cpu().numpy(), probs.double().cpu().numpy()
+        tops = RowTops.of(logits, self.top_k)
+        return tops.tokens, tops.probs
 
     def store(self, tails: list[tuple[int, ...]], top_tokens: np.ndarray, top_probs: np.ndarray, vocab: int | None = None) -> None:
         """:meth:`update` with each row's successors given: ``top_tokens[r]`` (most probable first)
