@@ -23,6 +23,7 @@ from probe_mtp.drafters import (
 )
 from probe_mtp.drafters.pld import lookup_continuation
 from probe_mtp.tree import TokenTree
+from probe_mtp.vocab import RowTops
 
 from conftest import GEMMA_TEXTS, SMOL_NEW_TOKENS
 
@@ -274,6 +275,26 @@ def test_stand_latest_merge_replaces_and_learns_from_rejected_nodes():
     only_accepted.observe(_feedback(tree, [0, 1], ctx, logits))
     assert only_accepted.lookup(2, 5) is None  # nothing stored for rejected nodes
     assert only_accepted.lookup(2, 3)[0][0] == 4
+
+
+@pytest.mark.parametrize("learn_from", ["all", "accepted"])
+def test_stand_learns_the_same_from_the_decoders_row_tops_as_from_the_logits(learn_from):
+    tree = TokenTree(np.array([2, 3, 5, 4]), np.array([-1, 0, 0, 1]), np.ones(4))
+    logits = _peaked([{3: 0.8, 6: 0.1}, {4: 0.6, 1: 0.3}, {8: 0.9}, {7: 0.7, 2: 0.2}])
+    ctx = np.array([1, 2, 3, 9])
+    drafters = [StandDrafter(budget=10, seed_from_prompt=False, top_k=4, learn_from=learn_from) for _ in range(2)]
+    assert drafters[0].node_top_k == (4 if learn_from == "all" else 0)
+    for given_tops, d in zip((False, True), drafters):
+        d.start(np.array([1, 2]))
+        fb = _feedback(tree, [0, 1], ctx, logits)
+        if given_tops:  # wider than the drafter reads, as when the walk asks for more
+            fb.node_tops = RowTops.of(logits, 6)
+        d.observe(fb)
+    assert drafters[0]._memory.keys() == drafters[1]._memory.keys() and drafters[0]._memory
+    for key, (toks, probs, n) in drafters[0]._memory.items():
+        other = drafters[1]._memory[key]
+        assert np.array_equal(toks, other[0]) and np.allclose(probs, other[1], rtol=1e-6) and n == other[2]
+        assert toks.size == 4
 
 
 # ---------------------------------------------------------------------- lossless on SmolLM2

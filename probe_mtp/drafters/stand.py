@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from ..tree import TokenTree, node_budget
+from ..vocab import RowTops
 from .base import Drafter, StepFeedback
 
 MERGE_MODES = ("mean", "latest")
@@ -178,28 +179,31 @@ class StandDrafter(Drafter):
         return _tree_from_parents(tokens, parents, scores)
 
     # ------------------------------------------------------------------ learning
+    @property
+    def node_top_k(self) -> int:
+        """Learning from every verified row: the decoder computes each row's top ``top_k`` once
+        (``StepFeedback.node_tops``) and its greedy walk shares them."""
+        return self.top_k if self.learn_from == "all" else 0
+
     @torch.no_grad()
     def observe(self, feedback: StepFeedback) -> None:
         tree = feedback.tree
         before_root = self._before_root
         accepted = np.asarray(feedback.accepted, dtype=np.int64)
-        logits = feedback.node_logits
         if self.learn_from == "all":
-            # every row, in place (no copy of [nodes, V]); rejected nodes are written first, so
-            # that the accepted path's (real-text) distributions win under merge="latest"
+            # rejected nodes are written first, so that the accepted path's (real-text)
+            # distributions win under merge="latest"
             rows = np.concatenate([np.setdiff1d(np.arange(tree.size), accepted), accepted])
-            order = rows
         else:
             rows = accepted
-            logits = logits.index_select(0, torch.from_numpy(rows).to(logits.device))
-            order = np.arange(rows.size)
-        if logits.dtype != torch.float32:
-            logits = logits.float()
-        k = min(self.top_k, logits.shape[-1])
-        top = torch.topk(logits, k, dim=-1)
-        probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
-        toks_all = top.indices.cpu().numpy().astype(np.int64)[order]
-        probs_all = probs.double().cpu().numpy()[order]
+        k = min(self.top_k, feedback.node_logits.shape[-1])
+        tops = feedback.node_tops
+        if tops is not None and tops.width >= k:
+            toks_all, probs_all = tops.tokens[rows, :k], tops.probs[rows, :k]
+        else:  # only the rows it stores
+            picked = feedback.node_logits.index_select(0, torch.from_numpy(rows).to(feedback.node_logits.device))
+            tops = RowTops.of(picked, k)
+            toks_all, probs_all = tops.tokens, tops.probs
         tree_tokens = tree.tokens
         tree_parents = tree.parents
         for r, node in enumerate(rows.tolist()):
@@ -209,7 +213,6 @@ class StandDrafter(Drafter):
             self.store((last,), toks_all[r], probs_all[r])
             if before is not None:
                 self.store((before, last), toks_all[r], probs_all[r])
-
 
 def _tree_from_parents(tokens: list[int], parents: list[int], scores: list[float]) -> TokenTree:
     """A breadth-first :class:`TokenTree` from nodes listed parents-first (any depth order)."""
