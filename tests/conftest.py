@@ -46,26 +46,52 @@ GEMMA_TEXTS = (
 )
 
 
-class GreedyReferences:
-    """``model.generate`` greedy outputs (``SMOL_NEW_TOKENS`` new tokens) of one Spec-Bench prompt
-    per task, computed once per prompt and shared by every drafter's lossless test."""
+class Greedy:
+    """``model.generate(ids, do_sample=False, max_new_tokens=n)`` with nothing else set, once per
+    (model, prompt): a later request for at most as many tokens is a slice of the stored output (a
+    greedy prefix is greedy; a stored output that ended early ended at EOS, where every longer or
+    shorter run ends too).  ``exact=True`` reuses only a run of the same length: for models whose
+    cache may depend on the generation length (Gemma 3's sliding-window layers)."""
 
-    def __init__(self, model, tokenizer, prompts):
-        self.model = model
-        self.ids = [chat_ids(tokenizer, p.turns[0]) for p in prompts]
-        self.tasks = [p.task for p in prompts]
-        self._out: dict[int, torch.Tensor] = {}
+    def __init__(self):
+        self._out: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, int]] = {}
 
-    def __call__(self, i: int) -> torch.Tensor:
-        if i not in self._out:
-            self._out[i] = self.model.generate(self.ids[i], do_sample=False, max_new_tokens=SMOL_NEW_TOKENS)
-        return self._out[i]
+    def __call__(self, model, ids: torch.Tensor, max_new_tokens: int, exact: bool = False) -> torch.Tensor:
+        key = (id(model), tuple(ids[0].tolist()))
+        stored = self._out.get(key)
+        if stored is not None:
+            out, asked = stored
+            if max_new_tokens == asked or (not exact and (max_new_tokens < asked or out.shape[1] - ids.shape[1] < asked)):
+                return out[:, : ids.shape[1] + max_new_tokens]
+        out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+        self._out[key] = (out, max_new_tokens)
+        return out
 
 
 @pytest.fixture(scope="session")
-def smol_refs(smollm2, specbench):
+def greedy():
+    """The session's shared :class:`Greedy` references."""
+    return Greedy()
+
+
+class GreedyReferences:
+    """Greedy outputs (``SMOL_NEW_TOKENS`` new tokens) of one Spec-Bench prompt per task, from the
+    session's shared references."""
+
+    def __init__(self, model, tokenizer, prompts, greedy: Greedy):
+        self.model = model
+        self.greedy = greedy
+        self.ids = [chat_ids(tokenizer, p.turns[0]) for p in prompts]
+        self.tasks = [p.task for p in prompts]
+
+    def __call__(self, i: int) -> torch.Tensor:
+        return self.greedy(self.model, self.ids[i], SMOL_NEW_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def smol_refs(smollm2, specbench, greedy):
     """Greedy references of one prompt of each of the six Spec-Bench tasks on SmolLM2."""
     model, tokenizer = smollm2
     prompts = task_prompts(specbench, 1)
     assert len({p.task for p in prompts}) >= 6
-    return GreedyReferences(model, tokenizer, prompts)
+    return GreedyReferences(model, tokenizer, prompts, greedy)

@@ -307,10 +307,12 @@ def smol_decoder(smollm2):
 @pytest.mark.parametrize(
     "drafter,budget,prompts",
     [
-        ("pld", 30, range(6)),
-        ("lookahead", 30, range(6)),
-        ("stand", 30, range(6)),
-        ("ar", 30, range(6)),
+        # three tasks each (of mt_bench, translation, summarization, qa, math_reasoning, rag), every
+        # task by two drafters: prompt lookup where copying pays, the others spread over the rest
+        ("pld", 30, (1, 2, 5)),
+        ("lookahead", 30, (0, 3, 4)),
+        ("stand", 30, (0, 2, 4)),
+        ("ar", 30, (1, 3, 5)),
         # the small budget on two prompts each (`make test-all`)
         pytest.param("pld", 10, (2, 5), marks=pytest.mark.slow),  # summarization, rag: where copying pays
         pytest.param("lookahead", 10, (0, 4), marks=pytest.mark.slow),
@@ -335,14 +337,13 @@ def test_lossless_on_smollm2(smollm2, smol_refs, smol_decoder, drafter, budget, 
 # ---------------------------------------------------------------------- lossless on Gemma 3
 
 @pytest.mark.gemma
-def test_lossless_on_gemma3(gemma3):
+def test_lossless_on_gemma3(gemma3, greedy):
     model, tokenizer = gemma3
     decoder = ProbeDecoder(model, tokenizer)
-    refs = {}
+    # two of the three texts each (copying, code, prose), every text by at least two drafters
+    texts = {"pld": (0, 1), "lookahead": (1, 2), "stand": (0, 2), "ar": (0, 1)}
     for drafter in BASELINES:
-        for j, text in enumerate(GEMMA_TEXTS[:2] if drafter == "ar" else GEMMA_TEXTS):
-            ids = tokenizer(text, return_tensors="pt")["input_ids"]
-            if j not in refs:
-                refs[j] = model.generate(ids, do_sample=False, max_new_tokens=32)
+        for j in texts[drafter]:
+            ids = tokenizer(GEMMA_TEXTS[j], return_tensors="pt")["input_ids"]
             out = decoder.generate(ids, max_new_tokens=32, drafter=drafter, budget=30)
-            assert torch.equal(out, refs[j]), f"{drafter} differs from greedy on Gemma 3 prompt {j}"
+            assert torch.equal(out, greedy(model, ids, 32, exact=True)), f"{drafter} differs from greedy on Gemma 3 prompt {j}"

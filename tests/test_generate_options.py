@@ -74,10 +74,9 @@ OPTIONS = {
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_option_identical_to_generate(smol, name):
     model, tok, decoder = smol
-    for text in PROMPTS[:2]:
-        ids = chat_ids(tok, text)
-        ref, out = _both(model, decoder, ids, **OPTIONS[name])
-        assert torch.equal(out, ref), name
+    ids = chat_ids(tok, PROMPTS[list(OPTIONS).index(name) % 2])  # the first two prompts in turn
+    ref, out = _both(model, decoder, ids, **OPTIONS[name])
+    assert torch.equal(out, ref), name
 
 
 def test_min_new_tokens_holds_back_eos(smol):
@@ -182,7 +181,7 @@ def test_options_on_gemma(gemma3):
     model, tok = gemma3
     decoder = ProbeDecoder(model, tok, num_masks=2, budget=30)
     ids = tok("The three primary colors are", return_tensors="pt")["input_ids"]
-    for name in ("repetition_penalty", "no_repeat_ngram", "min_new_tokens", "user_processor"):
+    for name in ("repetition_penalty", "user_processor"):  # a built-in and a user processor that read the sequence
         ref, out = _both(model, decoder, ids, **OPTIONS[name])
         assert torch.equal(out, ref), name
     ref = model.generate(ids, do_sample=False, max_new_tokens=30, stop_strings=["."], tokenizer=tok)

@@ -26,7 +26,7 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     return first / b.shape[1]
 
 
-@pytest.mark.parametrize("dtype,prompts", [(torch.bfloat16, 4), (torch.float16, 2)], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dtype,prompts", [(torch.bfloat16, 2), (torch.float16, 1)], ids=["bf16", "fp16"])
 def test_reduced_precision_decodes_and_mostly_agrees(dtype, prompts, smollm2, specbench):
     # a cast copy of the session's fp32 model: the same weights as load_model(dtype=...) gives (GGUF
     # dequantizes to fp32, then casts), without parsing the GGUF file again (about 25 s)

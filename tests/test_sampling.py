@@ -200,17 +200,17 @@ def test_seeded_sampling_is_reproducible(smollm2):
 
 
 def test_real_model_first_token_distribution(smollm2):
-    """One hundred seeded draws of the first two tokens on the real model agree with plain sampling
+    """Sixty seeded draws of the first two tokens on the real model agree with plain sampling
     (the tiny-model tests above take thousands of draws; this one checks the real model's path)."""
     model, tok = smollm2
     ids = chat_ids(tok, "Name a color.")
     decoder = ProbeDecoder(model, tok, drafter="esp", num_masks=1, budget=10)
     kw = dict(do_sample=True, temperature=1.0, top_p=0.9, max_new_tokens=2)
-    a = _first_tokens(lambda s: decoder.generate(ids, generator=torch.Generator().manual_seed(s), **kw), 100, 2)
+    a = _first_tokens(lambda s: decoder.generate(ids, generator=torch.Generator().manual_seed(s), **kw), 60, 2)
 
     def plain(seed):
         torch.manual_seed(50_000 + seed)
         return model.generate(ids, **kw)
 
-    b = _first_tokens(plain, 100, 2)
+    b = _first_tokens(plain, 60, 2)
     assert _two_sample_p(a, b) > ALPHA

@@ -56,17 +56,17 @@ def test_split_head_reproduces_the_models_logits(smollm2):
     ],
     ids=["esp-cpu", "esp-k2-flat", "pld-cpu", "stand-flat", "hybrid-flat-memory-capped", "esp-k2-padded-head"],
 )
-def test_adaptive_budget_is_lossless(smollm2, smol_cases, knobs):
+def test_adaptive_budget_is_lossless(smollm2, smol_cases, greedy, knobs):
     model, tok = smollm2
     decoder = ProbeDecoder(model, tok)
     assert decoder.split_head.usable
     head_rows = []  # rows the output layer ran on, in the decoder's passes
     sizes = set()
     for ids in smol_cases:
-        ref = model.generate(ids, do_sample=False, max_new_tokens=40)
+        ref = greedy(model, ids, 32)
         hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, _o: head_rows.append(args[0].shape[-2]))
         try:
-            out = decoder.generate(ids, max_new_tokens=40, return_dict_in_generate=True, **knobs)
+            out = decoder.generate(ids, max_new_tokens=32, return_dict_in_generate=True, **knobs)
         finally:
             hook.remove()
         assert torch.equal(out.sequences, ref)
@@ -83,13 +83,13 @@ def test_adaptive_budget_is_lossless(smollm2, smol_cases, knobs):
         assert max(sizes) > 8  # on a flat curve trees grow
 
 
-def test_auto_is_the_default_and_measures_its_curve_once(smollm2, smol_cases, tmp_path, monkeypatch):
+def test_auto_is_the_default_and_measures_its_curve_once(smollm2, smol_cases, greedy, tmp_path, monkeypatch):
     model, tok = smollm2
     monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path))
     decoder = ProbeDecoder(model, tok)
     assert decoder.config.budget == "auto"
     ids = smol_cases[0]
-    ref = model.generate(ids, do_sample=False, max_new_tokens=24)
+    ref = greedy(model, ids, 24)
     out = decoder.generate(ids, max_new_tokens=24, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     assert isinstance(decoder.cost_curve(decoder.config), CostCurve)
@@ -106,10 +106,10 @@ def test_adaptive_and_split_head_on_gemma(gemma3, specbench):
     model, tok = gemma3
     assert SplitHead(model).usable
     decoder = ProbeDecoder(model, tok)
-    prompts = [p.turns[0] for p in task_prompts(specbench, 1)][:3]
+    prompts = [p.turns[0] for p in task_prompts(specbench, 1)][:2]
     # 5% of Gemma's 1072 MB of fp32 weights holds 51 logits rows of its 262144-token vocabulary
     assert decoder.widest_pass(decoder.config) == 51
-    for text, curve, drafter in zip(prompts, [CPU_CURVE, FLAT_CURVE, FLAT_CURVE], ["esp", "esp", "hybrid"]):
+    for text, curve, drafter in zip(prompts, [CPU_CURVE, FLAT_CURVE], ["esp", "hybrid"]):
         ids = tok(text, return_tensors="pt")["input_ids"]
         ref = model.generate(ids, do_sample=False, max_new_tokens=32)
         out = decoder.generate(ids, max_new_tokens=32, budget="auto", cost_curve=curve, drafter=drafter,
