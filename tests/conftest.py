@@ -61,7 +61,8 @@ class Greedy:
         stored = self._out.get(key)
         if stored is not None:
             out, asked = stored
-            if max_new_tokens == asked or (not exact and (max_new_tokens < asked or out.shape[1] - ids.shape[1] < asked)):
+            ended_at_eos = out.shape[1] - ids.shape[1] < asked
+            if max_new_tokens == asked or (not exact and (max_new_tokens < asked or ended_at_eos)):
                 return out[:, : ids.shape[1] + max_new_tokens]
         out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
         self._out[key] = (out, max_new_tokens)

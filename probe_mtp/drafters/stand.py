@@ -214,6 +214,7 @@ class StandDrafter(Drafter):
             if before is not None:
                 self.store((before, last), toks_all[r], probs_all[r])
 
+
 def _tree_from_parents(tokens: list[int], parents: list[int], scores: list[float]) -> TokenTree:
     """A breadth-first :class:`TokenTree` from nodes listed parents-first (any depth order)."""
     toks = np.asarray(tokens, dtype=np.int64)
