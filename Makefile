@@ -7,7 +7,7 @@ STAMP := $(VENV)/.probe-mtp-installed
 TORCH ?= torch==2.13.0
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup report test test-all demo clean
+.PHONY: setup report test test-fast test-all demo clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q --durations=25
+
+# the unit tests: no real model (tiny random models built from configs), about a minute
+test-fast: setup
+	$(PY) -m pytest -q tests/unit -m "not model"
 
 test-all: setup
 	$(PY) -m pytest -q -m ""

@@ -1,11 +1,11 @@
 """probe-mtp: training-free, lossless multi-token decoding by embedding-space probing."""
 
 from .config import ProbeConfig
-from .decoder import DecodeStats, GenerateOutput, ProbeDecoder
+from .decoder import ProbeDecoder
+from .stats import DecodeStats, GenerateOutput
 from .generate import custom_generate, generate
 from .loading import EMBEDDED_MODELS, load_model
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "ProbeConfig",

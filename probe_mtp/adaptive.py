@@ -27,11 +27,13 @@ verification accepts, so decoding stays lossless.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
 
 from .cost import CostCurve
+from .drafters import Drafter
 from .tree import TokenTree, best_order, choose_node_count, keep_nodes, path_monotone
 
 MAX_DEPTH_TRACKED = 64
@@ -70,6 +72,38 @@ def owners_for(tree: TokenTree, num_masks: int, mask_owners) -> np.ndarray | Non
     return None if owners is None else np.asarray(owners, dtype=np.int64)
 
 
+class BudgetPolicy(ABC):
+    """Sizes each step's tree: every hook the decoding loop calls, with its default.
+
+    Per step the loop calls :meth:`score_floor` (handed to the drafter before it proposes),
+    :meth:`plan` (the tree to verify, its masks and padding), :meth:`observe` (what was accepted)
+    and :meth:`observe_timing` (how long the pass and the step took)."""
+
+    @abstractmethod
+    def plan(self, tree: TokenTree, context_length: int | None = None) -> StepPlan:
+        """The step's plan for the drafter's proposed ``tree`` at ``context_length`` cached tokens."""
+
+    def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
+        """The verified ``tree`` and its accepted path (root first)."""
+
+    def observe_timing(self, inputs: int, context: int, forward_seconds: float, step_seconds: float) -> None:
+        """One step's pass of ``inputs`` on ``context`` cached tokens took ``forward_seconds``, the
+        whole step ``step_seconds``."""
+
+    def score_floor(self) -> float:
+        """Drafter scores below this cannot pay for their input (0: propose the whole budget)."""
+        return 0.0
+
+    def choice_counts(self) -> dict:
+        """How often each kind of step was chosen (for the statistics)."""
+        return {}
+
+    def head_padding(self, max_rows: int) -> np.ndarray | None:
+        """Row counts to run the output layer on (see :meth:`CostCurve.head_padding`); None: as many
+        as wanted."""
+        return None
+
+
 class DepthCalibration:
     """Per depth d: how many accepted nodes the drafter's scores at depth d are worth.
 
@@ -102,7 +136,7 @@ class DepthCalibration:
         self.accepted[1 : min(accepted_depth, top) + 1] += 1.0
 
 
-class AdaptiveBudget:
+class AdaptiveBudget(BudgetPolicy):
     """Chooses each step's tree size and masks from a cost curve and running acceptance stats.
 
     ``num_masks`` is the drafter's k; ``max_inputs`` bounds a pass (the drafter proposes trees
@@ -129,6 +163,18 @@ class AdaptiveBudget:
         self.step_overhead = 0.0  # running mean, in the curve's units (added to every pass)
         self._scale: float | None = None  # running mean of real forward time / curve time
         self._overhead_seconds = 0.0
+
+    @classmethod
+    def for_drafter(cls, curve: CostCurve, drafter: Drafter, max_inputs: int) -> "AdaptiveBudget":
+        """The policy for ``drafter``'s trees: its masks, their owners and its mask-free proposals."""
+        return cls(curve, drafter.num_masks, max_inputs, mask_free=drafter.mask_free_nodes,
+                   mask_owners=drafter.mask_owners, mask_nodes=drafter.mask_nodes)
+
+    def choice_counts(self) -> dict:
+        return dict(self.choices)
+
+    def head_padding(self, max_rows: int) -> np.ndarray:
+        return self.curve.head_padding(max_rows)
 
     def _use_context(self, context: int | None) -> None:
         """Cost the pass sizes at ``context`` cached tokens (the middle of its bucket)."""
@@ -232,10 +278,8 @@ class AdaptiveBudget:
         return plan
 
     def _free_nodes(self, tree: TokenTree) -> np.ndarray:
-        if self.mask_free is None:
-            free = np.zeros(tree.size, dtype=bool)
-        else:
-            free = np.asarray(self.mask_free(tree), dtype=bool).copy()
+        given = None if self.mask_free is None else self.mask_free(tree)
+        free = np.zeros(tree.size, dtype=bool) if given is None else np.asarray(given, dtype=bool).copy()
         free[0] = True
         # a node is usable without masks only if its whole path is
         for d in range(1, tree.max_depth + 1):
@@ -247,21 +291,16 @@ class AdaptiveBudget:
         self.calibration.observe(tree, int(tree.depths[accepted[-1]]))
 
 
-class FixedBudget:
+class FixedBudget(BudgetPolicy):
     """The paper's mode: every step verifies the drafter's whole tree with its k masks."""
 
     def __init__(self, num_masks: int, mask_owners=None):
         self.k = int(num_masks)
         self.mask_owners = mask_owners
 
+    @classmethod
+    def for_drafter(cls, drafter: Drafter) -> "FixedBudget":
+        return cls(drafter.num_masks, drafter.mask_owners)
+
     def plan(self, tree: TokenTree, context_length: int | None = None) -> StepPlan:
         return StepPlan(tree, self.k, 0, owners_for(tree, self.k, self.mask_owners))
-
-    def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
-        pass
-
-    def score_floor(self) -> float:
-        return 0.0  # the drafter's whole tree is verified
-
-    def observe_timing(self, inputs: int, context: int, forward_seconds: float, step_seconds: float) -> None:
-        pass

@@ -8,44 +8,16 @@ import time
 
 import torch
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-def _dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}; choose from {sorted(DTYPES)}") from None
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m, a local folder, a .gguf file or a hub id")
-    p.add_argument("--dtype", type=_dtype, default=torch.float32, help="float32 (default, exact), bfloat16 or float16")
-
-
-def add_probe_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-masks", type=int, default=1, help="masks per tree node, k (default 1)")
-    p.add_argument("--budget", type=_budget, default="auto",
-                   help="'auto' (default: sized per step from this machine's cost curve) or a block complexity BC, "
-                   "inputs per forward pass")
-    p.add_argument("--drafter", default="hybrid", help="hybrid (default), esp, pld, lookahead, stand or ar")
-
-
-def _budget(text: str):
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--budget takes an integer or 'auto', got {text!r}") from None
-
+from .distill.cli import add_tune_parser
+from .options import add_config_arguments, add_model_arguments, config_from_args
+from .report.cli import add_bench_parser, add_report_parser
 
 def cmd_generate(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from . import ProbeDecoder, load_model
+    from .decoder import ProbeDecoder
+    from .loading import load_model
     from .prompts import chat_input_ids
 
     console = Console()
@@ -55,7 +27,7 @@ def cmd_generate(args) -> int:
     with console.status("loading model..."):
         model, tokenizer = load_model(args.model, dtype=args.dtype)
     ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
-    decoder = ProbeDecoder(model, tokenizer, num_masks=args.num_masks, budget=args.budget, drafter=args.drafter)
+    decoder = ProbeDecoder(model, tokenizer, **config_from_args(args))
     decoder.generate(ids, max_new_tokens=4)  # warm-up, untimed
     out = decoder.generate(ids, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
     text = tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
@@ -69,8 +41,9 @@ def cmd_generate(args) -> int:
         table.add_column(col, justify="right")
     ref_new = ref.shape[1] - ids.shape[1]
     table.add_row("model.generate", str(ref_new), str(ref_new), "1.00", f"{ref_new / ref_seconds:.1f}", "-")
+    config = decoder.config
     table.add_row(
-        f"probe-mtp {args.drafter} (k={args.num_masks}, BC={args.budget})",
+        f"probe-mtp {config.drafter} (k={config.num_masks}, BC={config.budget})",
         str(stats.new_tokens),
         str(stats.forward_passes),
         f"{stats.mean_accepted_length:.2f}",
@@ -88,11 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--max-new-tokens", type=int, default=128)
     add_model_arguments(g)
-    add_probe_arguments(g)
+    add_config_arguments(g)
     g.set_defaults(func=cmd_generate)
-    from .distill.cli import add_tune_parser
-    from .report.cli import add_bench_parser, add_report_parser
-
     add_report_parser(sub)
     add_bench_parser(sub)
     add_tune_parser(sub)

@@ -20,9 +20,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .acceptance import Verdict
+from .generation import Generation
+from .kv import keep_accepted
+from .passes import assemble_inputs
+from .step import Strategy, commit, feed_back, finish_prefill, node_tops, prefill_pass, propose, verify_pass
 from .tree import TokenTree
-
-ACCEPTANCE_RULES = ("verify", "confadapt")
 
 
 def graft_chain(prefix: list[int] | np.ndarray, tree: TokenTree) -> TokenTree:
@@ -46,29 +49,68 @@ def confident_run(mask_logits: torch.Tensor, threshold: float) -> int:
     return int(below[0, 0]) if below.numel() else int(top.shape[0])
 
 
-class ConfAdaptRule:
-    """The state of ConfAdapt in one generation: which committed tokens still wait for the cache."""
+def extend_confident(tokens: np.ndarray, token_scores, mask_logits: torch.Tensor | None, threshold: float):
+    """Append the confident run of ``mask_logits`` to the verified ``tokens``.
+
+    Returns ``(tokens, scores, masks left, run)``: the tokens to commit, their ``[1, V]`` score rows
+    (the masks' raw logits for the unverified ones), the masks left for proposing the next tree
+    (None when none is left) and how many tokens are unverified."""
+    run = confident_run(mask_logits, threshold)
+    if run == 0:
+        return tokens, token_scores, mask_logits, 0
+    extra_logits = mask_logits[:run]
+    extra = extra_logits.argmax(dim=-1).cpu().numpy()
+    out = np.concatenate([np.asarray(tokens, dtype=np.int64), extra])
+    if token_scores is not None:
+        dtype = token_scores[0].dtype if len(token_scores) else extra_logits.dtype
+        token_scores = list(token_scores) + list(extra_logits.to(dtype).split(1))
+    rest = mask_logits[run:]
+    return out, token_scores, (rest if rest.shape[0] else None), run
+
+
+class ConfAdapt:
+    """The ConfAdapt strategy of one generation (:class:`probe_mtp.step.Strategy`): the lossless
+    stages, then the confident run of the deepest accepted node's masks, emitted unverified.
+    ``pending``: committed tokens not yet in the KV cache (the root excluded), which the next pass
+    feeds as a chain in front of the drafted tree."""
 
     def __init__(self, threshold: float):
         self.threshold = float(threshold)
-        self.pending: list[int] = []  # committed, not cached, before the root (the root is the last token)
+        self.pending: list[int] = []
 
-    def extend(self, new_tokens: np.ndarray, token_scores: list[torch.Tensor] | None, mask_logits: torch.Tensor | None):
-        """Append the confident run of ``mask_logits`` to the verified ``new_tokens``.
+    def strategy(self) -> Strategy:
+        return Strategy(self.prefill, self.step)
 
-        Returns ``(tokens, scores, drafter_mask_logits, unverified)``: the tokens to commit, their
-        ``[1, V]`` score rows (the masks' raw logits for the unverified ones), the masks left for
-        proposing the next tree (None when none is left) and how many tokens are unverified."""
-        run = confident_run(mask_logits, self.threshold)
-        if run == 0:
-            self.pending = []
-            return new_tokens, token_scores, mask_logits, 0
-        extra_logits = mask_logits[:run]
-        extra = extra_logits.argmax(dim=-1).cpu().numpy()
-        tokens = np.concatenate([np.asarray(new_tokens, dtype=np.int64), extra])
-        if token_scores is not None:
-            dtype = token_scores[0].dtype if token_scores else extra_logits.dtype
-            token_scores = list(token_scores) + list(extra_logits.to(dtype).split(1))
-        self.pending = [int(new_tokens[-1])] + [int(t) for t in extra[:-1]]
-        rest = mask_logits[run:]
-        return tokens, token_scores, (rest if rest.shape[0] else None), run
+    def prefill(self, gen: Generation) -> None:
+        result = prefill_pass(gen)
+        result.verdict, result.mask_logits = self.extend(gen, result.verdict, result.mask_logits)
+        finish_prefill(gen, result)
+
+    def step(self, gen: Generation) -> None:
+        tree = propose(gen)
+        plan = gen.policy.plan(tree, gen.cached)
+        m = len(self.pending)
+        full = graft_chain(self.pending, plan.tree)
+        owners = None if plan.owners is None else plan.owners + m
+        layout = gen.layout(full, plan.num_masks, 0 if m else plan.pad_to, owners)
+        masks = gen.masks if plan.num_masks else None
+        inputs = assemble_inputs(gen.parts.embed, full, layout, masks, gen.cached - m, gen.cache, gen.parts.fmt)
+        logits = verify_pass(gen, full, layout, inputs)
+        node_logits = logits.nodes[m:]
+        tops = node_tops(gen, node_logits)
+        verdict = gen.accept(plan.tree, node_logits, gen.context, tops)
+        gen.policy.observe(plan.tree, verdict.path)
+        keep = np.concatenate([np.arange(m), verdict.path + m])
+        keep_accepted(gen.cache, layout.num_inputs, torch.from_numpy(keep).to(gen.device))
+        mask_logits = logits.masks_of(verdict.last + m) if plan.num_masks else None
+        verdict, mask_logits = self.extend(gen, verdict, mask_logits)
+        gen.stats.accepted_lengths.append(commit(gen, verdict.tokens, verdict.scores))
+        feed_back(gen, plan.tree, verdict, node_logits, mask_logits, tops)
+
+    def extend(self, gen: Generation, verdict: Verdict, mask_logits: torch.Tensor | None):
+        """The verdict with the confident run appended, and the masks left for the next tree."""
+        tokens, scores, rest, run = extend_confident(verdict.tokens, verdict.scores, mask_logits, self.threshold)
+        # the bonus token and all emitted tokens but the last (the next root) wait for the cache
+        self.pending = [int(t) for t in tokens[len(verdict.tokens) - 1 : -1]] if run else []
+        gen.stats.unverified_tokens += run
+        return Verdict(verdict.path, tokens, scores), rest

@@ -1,18 +1,17 @@
 """The machine's own cost curve: c(N), the time of one forward pass over N new inputs.
 
-Verification width is not free on every machine: on a 2-core CPU 16 inputs cost about 1.6x one
-token and 2-3 inputs are disproportionately slow (BLAS treats 2-3 rows as separate vector
-products), while on a GPU 30 inputs cost about as much as one.  The adaptive budget sizes each
-tree from this curve, at the context length decoding has reached.  A curve is measured in a few
-timed passes at a short and a long context (about 9 s for SmolLM2, 14 s for Gemma 3 on 2 cores) and cached on disk
-per model, dtype, device, thread count and processor (a home directory shared by machines of
-different makes keeps one curve for each).
+Verification width is not free on every machine: on a small CPU a pass over 16 inputs costs
+well over one token's, and 2-3 inputs can cost more than 4-8 (BLAS treats 2-3 rows as separate
+vector products), while on a GPU 30 inputs cost about as much as one.  The adaptive budget sizes
+each tree from this curve, at the context length decoding has reached.  A curve is measured in a
+few timed passes at a short and a long context (seconds) and cached on disk per model, dtype,
+device, thread count and processor (a home directory shared by machines of different makes keeps
+one curve for each).  Measured curves are in docs/benchmarks.md.
 
 When the decoder runs the output layer apart from the backbone (:mod:`probe_mtp.head`), the curve
-also times that layer alone at a set of row counts.  Its time is far from monotone in the rows: on
-this project's 2-core CPU, Gemma 3's 262k-token output layer takes 30 ms for 1-3 rows, 90-150 ms
-for 7-15 rows and 60 ms for 16 (SmolLM2: 6, 19-26 and 9 ms), the BLAS library switching kernels
-with the row count.  The decoder therefore runs the layer only at measured row counts, padding the
+also times that layer alone at a set of row counts.  Its time is far from monotone in the rows
+(CPU BLAS switches kernels with the row count: a 262k-token output layer has taken twice as long
+over 7-15 rows as over 16).  The decoder therefore runs the layer only at measured row counts, padding the
 rows to the cheapest one (:meth:`CostCurve.head_padding`), and the curve's passes are timed the
 same way.
 """
@@ -239,7 +238,7 @@ def measure_cost_curve(
     ``long_context``-token one, for each N in ``sizes``: a few untimed warm-up passes, then
     ``rounds`` rounds visiting the sizes in alternating order (machine noise spreads over all
     sizes alike); the fastest pass per size is kept (noise only ever adds time, so the minimum is
-    the steadiest estimate on a shared machine).  About 9 s for SmolLM2 on 2 cores.  Inputs are
+    the steadiest estimate on a shared machine).  Inputs are
     causal chains with an explicit 4D mask and all logits, as in a verification pass.
 
     With ``head`` (a usable :class:`~probe_mtp.head.SplitHead`) the output layer is first timed
@@ -304,8 +303,7 @@ def _fastest_of_rounds(sizes: tuple[int, ...], run, rounds: int) -> dict[int, np
 @torch.no_grad()
 def measure_head(head, rows: tuple[int, ...] = HEAD_ROWS, rounds: int = 3) -> tuple[float, ...]:
     """Seconds of the output layer alone (with its soft-capping) on each of ``rows`` rows of hidden
-    states: warmed up, then the fastest of ``rounds`` rounds in alternating order.  About 3.5 s
-    for Gemma 3's 262k-token vocabulary on 2 cores, 1 s for SmolLM2's 49k."""
+    states: warmed up, then the fastest of ``rounds`` rounds in alternating order."""
     weight = head.head.weight
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(max(rows), weight.shape[-1], generator=gen).to(device=weight.device, dtype=weight.dtype)

@@ -1,144 +1,51 @@
-"""The decoding loop: prefill, then one tree-verification pass per step until a stopping criterion.
+"""The decoder: a model made ready for probe-mtp decoding, and what it keeps across requests.
 
-Arguments arrive prepared by transformers (``GenerationConfig``, the ``LogitsProcessorList`` and the
-``StoppingCriteriaList`` that ``model.generate`` builds; see :mod:`probe_mtp.generate`), so every
-generation option behaves exactly as in ``model.generate``.
+:class:`ProbeDecoder` checks the model once (its attention implementation, its cache), keeps what
+does not change between requests (tree layouts, the machine's cost curve, the split output layer,
+embedding statistics, tuned mask vectors) and turns each request into a
+:class:`~probe_mtp.generation.Generation` run by :func:`probe_mtp.step.run`.  Its ``generate``
+goes through ``model.generate``'s own preparation, so every generation option means exactly what
+it means in transformers.
 """
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
-
-import numpy as np
 import torch
 
-from .adaptive import AdaptiveBudget, FixedBudget
+from .acceptance import acceptance_rule
+from .adaptive import AdaptiveBudget, BudgetPolicy, FixedBudget
+from .confadapt import ConfAdapt
 from .config import ProbeConfig
-from .confadapt import ConfAdaptRule, graft_chain
 from .cost import CostCurve, cost_curve_for
-from .heap import heap_trimmer
-from .drafters import Drafter, StepFeedback, make_drafter
+from .drafters import Drafter, make_drafter
+from .generation import Generation, Parts
 from .head import SplitHead
-from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
+from .kv import AttentionFormat, new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
-from .step import PassInputs, assemble_inputs, backbone_pass, forward_pass, node_targets
-from .tree import TokenTree, TreeLayout, esp_layout, min_block_complexity, pad_layout, prefill_layout
-from .tuned_masks import TunedMaskStore
-from .verify import (
-    accept_greedy,
-    accept_greedy_lazily,
-    accept_recursive_rejection,
-    accept_sample_and_match,
-    process_node_logits,
-    NodeRows,
-    process_node_row,
+from .passes import OutputLayer
+from .request import (
+    DecodeRequest,
+    build_request,
+    check_input_ids,
+    check_max_new_tokens,
+    move_stop_strings_to_criteria,
+    split_probe_knobs,
+    with_probe_knobs,
 )
-from .vocab import RowTops, vocab_argmax
+from .stats import DecodeStats, GenerateOutput
+from .step import LOSSLESS, Strategy, run
+from .tree import LayoutCache, min_block_complexity
+from .tuned_masks import TunedMaskStore
 
 LAYOUT_CACHE_SIZE = 256
 # the KV cache is reserved for the prompt plus at most this many new tokens (then it grows)
 RESERVE_AHEAD = 4096
-# mask inputs whose logits are computed in the same output-layer call as the nodes' (the output
-# layer costs a read of its whole weight per call, a few rows more cost little)
-EAGER_MASK_ROWS = 8
-
-
-@dataclass
-class DecodeStats:
-    """Counts of one generation.
-
-    - ``forward_passes``: every pass of the model, the prefill included;
-    - ``new_tokens``: generated tokens (returned, after truncation at a stop);
-    - ``accepted_lengths``: tokens committed by each decoding step after the prefill (accepted
-      draft tokens + the bonus token, after truncation);
-    - ``mean_accepted_length`` (tau): ``sum(accepted_lengths) / len(accepted_lengths)``.  The
-      prefill pass and the first token it yields are *not* counted in tau, for every method alike
-      (they are the same for all methods); ``forward_passes`` counts the prefill.
-    """
-
-    forward_passes: int = 0
-    new_tokens: int = 0
-    accepted_lengths: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    forward_seconds: float = 0.0
-    inputs_per_pass: list[int] = field(default_factory=list)
-    method: str = "esp"
-    budget: int | str = 0
-    num_masks: int = 0
-    choices: dict = field(default_factory=dict)
-    unverified_tokens: int = 0  # committed by acceptance="confadapt" without verification
-
-    @property
-    def mean_accepted_length(self) -> float:
-        if not self.accepted_lengths:
-            return 1.0
-        return float(sum(self.accepted_lengths)) / len(self.accepted_lengths)
-
-    @property
-    def overhead_fraction(self) -> float:
-        """Share of the decoding steps' time spent outside the model's forward pass (drafting,
-        masks, verification, cache rollback, stopping checks); the prefill is left out."""
-        steps = self.seconds - self.prefill_seconds
-        if steps <= 0 or not self.accepted_lengths:
-            return float("nan")
-        return max(0.0, 1.0 - self.forward_seconds / steps)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
-
-    def as_dict(self) -> dict:
-        return {
-            "method": self.method,
-            "budget": self.budget,
-            "num_masks": self.num_masks,
-            "forward_passes": self.forward_passes,
-            "new_tokens": self.new_tokens,
-            "accepted_lengths": list(self.accepted_lengths),
-            "mean_accepted_length": self.mean_accepted_length,
-            "seconds": self.seconds,
-            "prefill_seconds": self.prefill_seconds,
-            "forward_seconds": self.forward_seconds,
-            "inputs_per_pass": list(self.inputs_per_pass),
-            "choices": dict(self.choices),
-            "unverified_tokens": self.unverified_tokens,
-        }
-
-
-@dataclass
-class GenerateOutput:
-    """Returned with ``return_dict_in_generate=True``: ``sequences`` as ``model.generate`` returns
-    them, ``stats`` (:class:`DecodeStats`), and ``scores`` (a tuple of ``[1, V]`` processed scores,
-    one per generated token) when ``output_scores=True``."""
-
-    sequences: torch.Tensor
-    stats: DecodeStats
-    scores: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class DecodeRequest:
-    """Everything one generation needs, prepared and checked."""
-
-    prompt: torch.Tensor  # [1, P], padding removed
-    max_length: int  # total length limit (prompt + new), from the generation config
-    processors: object | None  # LogitsProcessorList or None
-    criteria: object  # StoppingCriteriaList
-    do_sample: bool
-    config: ProbeConfig
-    drafter: Drafter | None = None
-    generator: torch.Generator | None = None
-    streamer: object | None = None
-    output_scores: bool = False
 
 
 class ProbeDecoder:
-    """Decoder state that lives across calls for one model: attention format, cached tree layouts,
-    vocabulary embedding statistics.  Per-generation state (cache, masks, drafter) lives in one
-    call only, so calls never leak into each other."""
+    """probe-mtp decoding for one model.  ``config`` / ``knobs``: the default
+    :class:`~probe_mtp.config.ProbeConfig` of its requests (each ``generate`` call may override
+    any knob).  Per-generation state (cache, masks, drafter) lives in one request only."""
 
     def __init__(self, model, tokenizer=None, config: ProbeConfig | None = None, **knobs):
         self.model = model
@@ -146,7 +53,7 @@ class ProbeDecoder:
         self.config = ProbeConfig.from_kwargs(config, **knobs)
         self.fmt = AttentionFormat.for_model(model)
         self.embed = model.get_input_embeddings()
-        self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()
+        self.layouts = LayoutCache(LAYOUT_CACHE_SIZE)
         self._embedding_stats: EmbeddingStats | None = None
         self._split_head: SplitHead | None = None
         self._cost_curves: dict[bool, CostCurve] = {}
@@ -154,31 +61,81 @@ class ProbeDecoder:
         self._tuned = TunedMaskStore(model)
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
 
-    def generate(self, input_ids: torch.Tensor | None = None, **kwargs):
+    # ------------------------------------------------------------------ entry points
+    def generate(self, input_ids: torch.Tensor | None = None, *, streamer=None, **kwargs):
         """Same arguments and result as ``model.generate``, plus probe knobs (:class:`ProbeConfig`
-        fields, ``drafter`` as a name or a :class:`Drafter`).  See :func:`probe_mtp.generate`."""
-        from .generate import generate
+        fields, ``drafter`` as a name or a :class:`Drafter`, ``config=``) and ``generator``.
+        See :func:`probe_mtp.generate`."""
+        check_input_ids(input_ids, kwargs.get("attention_mask"))
+        check_max_new_tokens(kwargs.get("max_new_tokens"))
+        if kwargs.get("max_new_tokens") == 0:
+            return self._nothing_to_generate(input_ids, kwargs)
+        tokenizer = kwargs.pop("tokenizer", None) or self.tokenizer
+        move_stop_strings_to_criteria(self.model, tokenizer, kwargs)
+        return self.model.generate(input_ids, custom_generate=self.handle_prepared, probe_streamer=streamer,
+                                   probe_tokenizer=tokenizer, **kwargs)
 
-        kwargs.setdefault("tokenizer", self.tokenizer)
-        return generate(self.model, input_ids, decoder=self, **kwargs)
+    @with_probe_knobs
+    def handle_prepared(self, model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                        config: ProbeConfig | None = None, generator: torch.Generator | None = None,
+                        probe_streamer=None, probe_tokenizer=None, **model_kwargs):
+        """What ``model.generate`` calls with the prepared processors, criteria and generation
+        config (a ``custom_generate`` function): decodes ``input_ids`` and returns what
+        ``model.generate`` would."""
+        if model is not self.model:
+            raise ValueError("this ProbeDecoder belongs to another model; build one per model")
+        knobs, custom_drafter = split_probe_knobs(model_kwargs)
+        probe_config = ProbeConfig.from_kwargs(config or self.config, **knobs)
+        request, pad_prefix = build_request(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                            probe_config, custom_drafter, generator, probe_streamer,
+                                            model_kwargs.get("attention_mask"))
+        out = self.decode(request)
+        if pad_prefix.shape[1]:
+            out.sequences = torch.cat([pad_prefix.to(out.sequences.device), out.sequences], dim=1)
+        out.sequences = out.sequences.to(input_ids.device)
+        return out if generation_config.return_dict_in_generate else out.sequences
 
-    # ------------------------------------------------------------------ helpers
-    def layout(self, tree: TokenTree, num_masks: int, pad_to: int = 0, owners: np.ndarray | None = None) -> TreeLayout:
-        """The tree's layout (masks on every node, or on ``owners``; padded to ``pad_to`` inputs),
-        built once per shape and reused (LRU)."""
-        key = (tree.shape_key, num_masks, pad_to, None if owners is None else tuple(owners.tolist()))
-        found = self._layouts.get(key)
-        if found is not None:
-            self._layouts.move_to_end(key)
-            return found
-        built = esp_layout(tree, num_masks, owners)
-        if pad_to:
-            built = pad_layout(built, pad_to)
-        self._layouts[key] = built
-        if len(self._layouts) > LAYOUT_CACHE_SIZE:
-            self._layouts.popitem(last=False)
-        return built
+    @torch.no_grad()
+    def decode(self, request: DecodeRequest) -> GenerateOutput:
+        """Run one generation; ``request.prompt`` is ``[1, P]`` without padding."""
+        generation, strategy = self.start(request)
+        return run(generation, strategy)
 
+    def start(self, request: DecodeRequest) -> tuple[Generation, Strategy]:
+        """The state of a new generation for ``request`` and how to decode it (the lossless
+        strategy, or ConfAdapt's when asked for)."""
+        config = request.config
+        drafter = request.drafter if request.drafter is not None else make_drafter(config)
+        lossy = config.acceptance == "confadapt"
+        if lossy and request.do_sample:
+            raise ValueError("acceptance='confadapt' is a greedy rule; use do_sample=False (or acceptance='verify')")
+        k = drafter.num_masks
+        prompt = request.prompt.to(self.model.device)
+        masks = self.mask_vectors(config, prompt[0], k) if k else None
+        # room for the whole generation and one more pass (a longer one grows the buffer once)
+        reserve = min(request.max_length, prompt.shape[1] + RESERVE_AHEAD) + config.max_budget
+        cache = new_cache(self.model, capacity=reserve)
+        start_recording(cache)
+        accept = acceptance_rule(request.do_sample, config.sampling_rule, request.processors, request.generator,
+                                 drafter, self.model.device)
+        policy = self.budget_policy(config, drafter, fixed=lossy or accept.needs_whole_tree)
+        head = self.split_head if self.split_head.usable else None
+        # rows to run the output layer on, per rows wanted: the cheapest measured count (auto budget)
+        padding = policy.head_padding(self.widest_pass(config)) if head is not None else None
+        parts = Parts(self.model, self.embed, self.fmt, OutputLayer(self.model, head, padding), self.layouts)
+        stats = DecodeStats(method=drafter.name, budget=config.budget, num_masks=k)
+        generation = Generation(parts, request, drafter, policy, accept, masks, cache, stats)
+        return generation, (ConfAdapt(config.threshold).strategy() if lossy else LOSSLESS)
+
+    def _nothing_to_generate(self, input_ids, kwargs):
+        """``max_new_tokens=0``: the input, as a tensor or as a result object (no forward pass)."""
+        knobs, _ = split_probe_knobs(dict(kwargs))
+        ProbeConfig.from_kwargs(kwargs.get("config") or self.config, **knobs)  # still validate knobs
+        if kwargs.get("return_dict_in_generate"):
+            return GenerateOutput(input_ids.clone(), DecodeStats(), () if kwargs.get("output_scores") else None)
+        return input_ids.clone()
+
+    # ------------------------------------------------------------------ what requests share
     @property
     def split_head(self) -> SplitHead:
         """The backbone / output-layer split (checked once against the model's own logits)."""
@@ -197,18 +154,12 @@ class ProbeDecoder:
             self._cost_curves[key] = cost_curve_for(self.model, use_disk=key, head=head)
         return self._cost_curves[key]
 
-    def budget_policy(self, config: ProbeConfig, drafter: Drafter):
-        if not config.adaptive or config.acceptance == "confadapt":
-            # ConfAdapt reads every step's masks: it keeps the drafter's full tree and masks
-            return FixedBudget(drafter.num_masks, drafter.mask_owners)
-        return AdaptiveBudget(
-            self.cost_curve(config),
-            drafter.num_masks,
-            self.widest_pass(config),
-            mask_free=getattr(drafter, "mask_free_nodes", None),
-            mask_owners=drafter.mask_owners,
-            mask_nodes=getattr(drafter, "mask_nodes", None),
-        )
+    def budget_policy(self, config: ProbeConfig, drafter: Drafter, fixed: bool = False) -> BudgetPolicy:
+        """The adaptive budget for ``budget="auto"``; the drafter's whole tree otherwise, and with
+        ``fixed`` (ConfAdapt reads every step's masks; recursive rejection needs the drawn tree)."""
+        if not config.adaptive or fixed:
+            return FixedBudget.for_drafter(drafter)
+        return AdaptiveBudget.for_drafter(self.cost_curve(config), drafter, self.widest_pass(config))
 
     def widest_pass(self, config: ProbeConfig) -> int:
         """The most inputs ``budget="auto"`` may verify at once: ``max_budget``, lowered so that
@@ -227,253 +178,9 @@ class ProbeDecoder:
             self._embedding_stats = embedding_stats(self.embed, self.embed.num_embeddings)
         return self._embedding_stats
 
-    def _mask_vectors(self, config: ProbeConfig, prompt: torch.Tensor, num_masks: int) -> MaskVectors:
+    def mask_vectors(self, config: ProbeConfig, prompt: torch.Tensor, num_masks: int) -> MaskVectors:
+        """The k mask vectors of one generation: tuned (``config.masks``) or from ``mask_init``."""
         if config.masks is not None:
             return self._tuned.get(config.masks, num_masks).mask_vectors(self.embed, prompt, num_masks, config.mask_update)
         stats = self.embedding_stats() if config.mask_init == "sample" else None
         return config_mask_vectors(config, self.embed, prompt, num_masks, stats)
-
-    # ------------------------------------------------------------------ the loop
-    @torch.no_grad()
-    def decode(self, req: DecodeRequest) -> GenerateOutput:
-        """Run one generation; ``req.prompt`` is ``[1, P]`` without padding."""
-        config = req.config
-        drafter = req.drafter if req.drafter is not None else make_drafter(config)
-        stats = DecodeStats(method=drafter.name, budget=config.budget, num_masks=drafter.num_masks)
-        run = _Run(self, req, drafter, stats)
-        return run.execute()
-
-
-class _Run:
-    """The state of one generation (never outlives it)."""
-
-    def __init__(self, decoder: ProbeDecoder, req: DecodeRequest, drafter: Drafter, stats: DecodeStats):
-        self.dec = decoder
-        self.req = req
-        self.drafter = drafter
-        self.stats = stats
-        self.device = decoder.model.device
-        prompt = req.prompt.to(self.device)
-        self.prompt_len = prompt.shape[1]
-        # every committed token, in a buffer that stopping criteria and processors read as a view
-        self.buffer = torch.empty((1, max(req.max_length, self.prompt_len + 1)), dtype=torch.long, device=self.device)
-        self.buffer[:, : self.prompt_len] = prompt
-        self.length = self.prompt_len
-        self.scores: list[torch.Tensor] = []
-        self.k = drafter.num_masks
-        if req.do_sample and req.config.sampling_rule == "rejection" and hasattr(drafter, "use_draws"):
-            drafter.use_draws(req.generator)
-        self.masks = decoder._mask_vectors(req.config, prompt[0], self.k) if self.k else None
-        self.confadapt = ConfAdaptRule(req.config.threshold) if req.config.acceptance == "confadapt" else None
-        if self.confadapt is not None and req.do_sample:
-            raise ValueError("acceptance='confadapt' is a greedy rule; use do_sample=False (or acceptance='verify')")
-        # room for the whole generation and one more pass (a longer one grows the buffer once)
-        reserve = min(req.max_length, self.prompt_len + RESERVE_AHEAD) + req.config.max_budget
-        self.cache = new_cache(decoder.model, capacity=reserve)
-        start_recording(self.cache)
-        self.policy = decoder.budget_policy(req.config, drafter)
-        self.head = decoder.split_head if decoder.split_head.usable else None
-        # rows to run the output layer on, per rows wanted: the cheapest measured count (auto budget)
-        curve = getattr(self.policy, "curve", None)
-        self.head_padding = curve.head_padding(decoder.widest_pass(req.config)) if self.head is not None and curve is not None else None
-
-    # ---------------------------------------------------------------- pieces
-    @property
-    def sequence(self) -> torch.Tensor:
-        return self.buffer[:, : self.length]
-
-    def commit(self, tokens: list[int], token_scores: list[torch.Tensor] | None) -> int:
-        """Append tokens one at a time, checking the stopping criteria after each; ``token_scores``
-        holds each token's ``[1, V]`` score row.  Returns how many were committed; sets ``self.done``."""
-        committed = 0
-        for i, tok in enumerate(tokens):
-            if self.length >= self.buffer.shape[1]:
-                self.done = True
-                break
-            self.buffer[0, self.length] = int(tok)
-            self.length += 1
-            committed += 1
-            row = token_scores[i] if token_scores is not None else None
-            if self.req.output_scores and row is not None:
-                self.scores.append(row.clone())
-            stop = self.req.criteria(self.sequence, row) if self.req.criteria else False
-            if bool(torch.as_tensor(stop).any()) or self.length >= self.req.max_length:
-                self.done = True
-                break
-        if committed and self.req.streamer is not None:
-            self.req.streamer.put(self.buffer[0, self.length - committed : self.length].cpu())
-        return committed
-
-    def choose(self, tree: TokenTree, node_logits: torch.Tensor, context: torch.Tensor, tops: RowTops | None = None):
-        """Verify: returns (accepted path, new tokens, the ``[1, V]`` processed score row of each new
-        token).  ``tops``: the nodes' top tokens when already computed (their unique maxima are the
-        greedy targets when no processor changes the logits)."""
-        req = self.req
-        if not req.do_sample and node_logits.device.type == "cpu":
-            # processors and argmax only at the nodes the walk reaches (about tau rows, not the
-            # tree); processed rows are made again when commit reads them rather than all kept
-            def row(node: int) -> torch.Tensor:
-                return process_node_row(req.processors, context, tree, node_logits, node)
-
-            known = tops if tops is not None and not req.processors else None
-
-            def target_of(node: int) -> int:
-                target = known.argmax(node) if known is not None else None
-                return int(vocab_argmax(row(node))[0]) if target is None else target
-
-            path, bonus = accept_greedy_lazily(tree, target_of)
-            new_tokens = np.append(tree.tokens[path[1:]], bonus)
-            nodes = path.tolist()
-            return path, new_tokens, NodeRows(row, nodes) if req.processors else [row(j) for j in nodes]
-        scores = process_node_logits(req.processors, context, tree, node_logits)
-        if not req.do_sample:
-            targets = node_targets(scores)  # one transfer beats a sync per node
-            path = accept_greedy(tree, targets)
-            bonus = int(targets[path[-1]])
-        else:
-            probs = torch.softmax(scores, dim=-1)
-            draft = self.drafter.draft_distributions() if req.config.sampling_rule == "rejection" else None
-            if draft is not None:
-                path, bonus = accept_recursive_rejection(tree, probs, draft[0], draft[1], req.generator)
-            else:
-                path, bonus = accept_sample_and_match(tree, probs, req.generator)
-        new_tokens = np.append(tree.tokens[path[1:]], bonus)
-        return path, new_tokens, [scores[j : j + 1] for j in path.tolist()]  # views: no [path, vocab] copy
-
-    def feedback(self, tree, path, new_tokens, node_logits, mask_logits, is_prefill=False, node_tops=None):
-        self.drafter.observe(
-            StepFeedback(
-                tree=tree,
-                accepted=path,
-                new_tokens=new_tokens,
-                node_logits=node_logits,
-                mask_logits=mask_logits,
-                context=self.sequence[0].cpu().numpy(),
-                is_prefill=is_prefill,
-                node_tops=node_tops,
-            )
-        )
-
-    def extend(self, new_tokens, token_scores, mask_logits):
-        """ConfAdapt (lossy, opt-in): append the confident run of unverified mask predictions."""
-        if self.confadapt is None:
-            return new_tokens, token_scores, mask_logits
-        new_tokens, token_scores, mask_logits, unverified = self.confadapt.extend(new_tokens, token_scores, mask_logits)
-        self.stats.unverified_tokens += unverified
-        return new_tokens, token_scores, mask_logits
-
-    # ---------------------------------------------------------------- passes
-    def prefill(self) -> None:
-        """One pass over the prompt and k masks owned by its last token."""
-        dec, k = self.dec, self.k
-        prompt = self.sequence[0]
-        layout = prefill_layout(self.prompt_len, k)
-        embeds = dec.embed(prompt)
-        if k:
-            embeds = torch.cat([embeds, self.masks.vectors.to(embeds.dtype)], dim=0)
-        positions = torch.tensor(layout.position_offsets, device=self.device)
-        attn = attention_inputs(self.cache, layout.visible, positions, dec.fmt)
-        logits = forward_pass(dec.model, self.cache, PassInputs(embeds[None], attn, positions[None]), logits_to_keep=k + 1)
-        self.stats.forward_passes += 1
-        keep_accepted(self.cache, self.prompt_len + k, torch.arange(self.prompt_len, device=self.device))
-        root = TokenTree.root_only(int(prompt[-1]))
-        path, new_tokens, token_scores = self.choose(root, logits[:1], prompt)
-        new_tokens, token_scores, mask_logits = self.extend(new_tokens, token_scores, logits[1:] if k else None)
-        if self.req.streamer is not None:
-            self.req.streamer.put(prompt.cpu())
-        self.commit(new_tokens.tolist(), token_scores)
-        self.feedback(root, path, new_tokens, logits[:1], mask_logits, is_prefill=True)
-        if self.masks is not None:
-            self.masks.update(dec.embed(torch.tensor(new_tokens, device=self.device)))
-
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The output layer on ``hidden``'s rows, run on the padded row count the curve found
-        cheapest (when it timed the layer)."""
-        count = hidden.shape[0]
-        padding = self.head_padding
-        rows = int(padding[count]) if padding is not None and count < padding.shape[0] else None
-        return self.head.logits(hidden, rows=rows)
-
-    def verify_pass(self, tree: TokenTree, layout: TreeLayout, inputs: PassInputs):
-        """One forward pass: node logits ``[tree.size, V]`` and a function giving the logits of a
-        node's masks.  With the split head the output layer runs only on the nodes (and on the
-        masks when there are at most ``EAGER_MASK_ROWS``), and later on the one owner's masks whose
-        logits are used."""
-        t0 = time.perf_counter()
-        if self.head is not None:
-            hidden = backbone_pass(self.head, self.cache, inputs)
-            end = layout.num_inputs - layout.num_pad
-            if end - tree.size <= EAGER_MASK_ROWS:
-                # few mask inputs (masks on the root only, say): their rows ride along with the
-                # nodes', since a second call would read the whole output layer again
-                logits = self.head_logits(hidden[:end])
-                node_logits = logits[: tree.size]
-                rows_of = lambda slots: logits[torch.from_numpy(slots)]  # noqa: E731
-            else:
-                node_logits = self.head_logits(hidden[: tree.size])
-                rows_of = lambda slots: self.head_logits(hidden[torch.from_numpy(slots)])  # noqa: E731
-        else:
-            logits = forward_pass(self.dec.model, self.cache, inputs)
-            node_logits = logits[: tree.size]
-            rows_of = lambda slots: logits[torch.from_numpy(slots).to(logits.device)]  # noqa: E731
-        self.stats.forward_seconds += time.perf_counter() - t0
-        self.stats.forward_passes += 1
-        self.stats.inputs_per_pass.append(layout.num_inputs)
-
-        def masks_of(owner: int):
-            """Logits of ``owner``'s masks, None when it carried none."""
-            slots = layout.mask_slots(owner)
-            return rows_of(slots) if slots.size else None
-
-        return node_logits, masks_of
-
-    def step(self) -> None:
-        dec = self.dec
-        context = self.sequence[0]
-        root = int(context[-1])
-        self.drafter.min_score = self.policy.score_floor()
-        plan = self.policy.plan(self.drafter.propose(root, context.cpu().numpy()), self.length - 1)
-        tree, k = plan.tree, plan.num_masks
-        pending = self.confadapt.pending if self.confadapt is not None else []  # committed, not cached
-        m = len(pending)
-        full = graft_chain(pending, tree) if m else tree
-        owners = None if plan.owners is None else plan.owners + m
-        layout = dec.layout(full, k, 0 if m else plan.pad_to, owners)
-        inputs = assemble_inputs(dec.embed, full, layout, self.masks if k else None, self.length - 1 - m, self.cache, dec.fmt)
-        full_logits, masks_of = self.verify_pass(full, layout, inputs)
-        node_logits = full_logits[m:]
-        # the nodes' top tokens, once, for the drafter's learning and the greedy walk
-        tops = RowTops.of(node_logits, max(self.drafter.node_top_k, 2)) if self.drafter.node_top_k else None
-        path, new_tokens, token_scores = self.choose(tree, node_logits, context, tops)
-        self.policy.observe(tree, path)
-        keep = np.concatenate([np.arange(m), path + m]) if m else path
-        keep_accepted(self.cache, layout.num_inputs, torch.from_numpy(keep).to(self.device))
-        mask_logits = masks_of(int(path[-1]) + m) if k else None
-        new_tokens, token_scores, mask_logits = self.extend(new_tokens, token_scores, mask_logits)
-        self.stats.accepted_lengths.append(self.commit(new_tokens.tolist(), token_scores))
-        self.feedback(tree, path, new_tokens, node_logits, mask_logits, node_tops=tops)
-        if self.masks is not None and not self.done:
-            self.masks.update(dec.embed(torch.from_numpy(new_tokens).to(self.device)))
-
-    def execute(self) -> GenerateOutput:
-        t0 = time.perf_counter()
-        self.done = self.length >= self.req.max_length
-        self.drafter.start(self.sequence[0].cpu().numpy())
-        if not self.done:
-            self.prefill()
-            self.stats.prefill_seconds = time.perf_counter() - t0
-        trim_heap = heap_trimmer(self.device)
-        while not self.done:
-            started, forward_before, context = time.perf_counter(), self.stats.forward_seconds, self.length - 1
-            self.step()
-            if trim_heap is not None:
-                trim_heap()
-            self.policy.observe_timing(self.stats.inputs_per_pass[-1], context,
-                                       self.stats.forward_seconds - forward_before, time.perf_counter() - started)
-        if self.req.streamer is not None:
-            self.req.streamer.end()
-        self.stats.seconds = time.perf_counter() - t0
-        self.stats.new_tokens = self.length - self.prompt_len
-        self.stats.choices = dict(getattr(self.policy, "choices", {}))
-        scores = tuple(self.scores) if self.req.output_scores else None
-        return GenerateOutput(self.sequence.clone(), self.stats, scores)

@@ -6,7 +6,7 @@ the first large free, glibc's malloc raises its mmap threshold and serves such b
 where freed blocks of ever-changing sizes stay resident.  Over a 1024-token generation of the hybrid
 drafter on SmolLM2 the process grew by about 50 MB that nothing was using (with a fixed
 ``MALLOC_MMAP_THRESHOLD_`` it stayed flat).  ``malloc_trim(0)`` returns those pages; it walks the
-heap, 0.4 ms on SmolLM2 and 1.4 ms on Gemma 3 270M, so it runs once every ``TRIM_EVERY`` steps:
+heap (about a millisecond), so it runs once every ``TRIM_EVERY`` steps:
 the freed blocks of the steps in between are reused or returned at the next trim.  Elsewhere
 (macOS, musl, GPU decoding) nothing is done.
 """

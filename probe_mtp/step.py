@@ -1,99 +1,205 @@
-"""One decoding step as a pipeline of small functions.
+"""One decoding step, as the algorithm reads:
 
-    tree   = drafter.propose(root)                      # tree/ : build from the previous masks
-    layout = esp_layout(tree, k)                        # cached per tree shape by the decoder
-    inputs = assemble_inputs(...)                       # embeds, 4D mask (or dict), position ids
-    logits = forward_pass(model, cache, inputs)         # one pass over BC inputs
-    path   = accept_greedy(tree, node_targets(...))     # verify.py : walk the tree with the model's own tokens
-    keep_accepted(cache, ...)                           # kv.py : prefix + accepted path
-    drafter.observe(mask logits of path[-1])            # seed the next tree
+    propose -> plan under the budget -> lay out the pass -> verify pass -> accept -> commit -> feed back
 
-Each function takes and returns plain tensors / arrays so it can be tested on toy inputs.
+1. **propose**: the drafter proposes a token tree rooted at the last committed token;
+2. **plan**: the budget policy cuts it to the size (and masks) that pays on this machine;
+3. **lay out**: the tree's layout ``[root | nodes | masks]`` (cached per shape), embeddings, tree
+   attention mask and depth-based position ids;
+4. **verify pass**: one forward pass over the whole tree on top of the KV cache;
+5. **accept**: the request's acceptance rule walks the tree with the model's own choices
+   (greedy, sample-and-match or recursive rejection: lossless, :mod:`probe_mtp.acceptance`);
+   the KV cache keeps the accepted path only;
+6. **commit**: the accepted tokens and the bonus token, one at a time under the stopping criteria;
+7. **feed back**: the drafter learns from every verified node and reads the masks of the deepest
+   accepted node (they propose the next tree); the mask vectors take the new tokens in.
+
+:func:`decode_step` is that pipeline; each stage is a function of the generation's state
+(:class:`~probe_mtp.generation.Generation`).  :func:`prefill` is the first pass (the prompt and the
+masks of its last token); :func:`run` is the loop.  The opt-in lossy ConfAdapt rule is a strategy of
+its own (:mod:`probe_mtp.confadapt`) built from the same stages.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
-from .kv import AttentionFormat, attention_inputs
-from .masks import MaskVectors
-from .tree import TokenTree, TreeLayout
-from .vocab import top_probabilities, vocab_argmax
+from .acceptance import Verdict
+from .adaptive import StepPlan
+from .drafters import StepFeedback
+from .generation import Generation
+from .heap import heap_trimmer
+from .kv import attention_inputs, keep_accepted
+from .passes import PassInputs, PassLogits, assemble_inputs, forward_pass
+from .stats import GenerateOutput
+from .tree import TokenTree, TreeLayout, prefill_layout
+from .vocab import RowTops
 
 
+def decode_step(gen: Generation) -> None:
+    """One lossless step: propose -> plan -> lay out -> verify -> accept -> commit -> feed back."""
+    tree = propose(gen)
+    plan = gen.policy.plan(tree, gen.cached)
+    layout, inputs = lay_out(gen, plan)
+    logits = verify_pass(gen, plan.tree, layout, inputs)
+    tops = node_tops(gen, logits.nodes)
+    verdict = gen.accept(plan.tree, logits.nodes, gen.context, tops)
+    gen.policy.observe(plan.tree, verdict.path)
+    keep_accepted(gen.cache, layout.num_inputs, torch.from_numpy(verdict.path).to(gen.device))
+    mask_logits = logits.masks_of(verdict.last) if plan.num_masks else None
+    gen.stats.accepted_lengths.append(commit(gen, verdict.tokens, verdict.scores))
+    feed_back(gen, plan.tree, verdict, logits.nodes, mask_logits, tops)
+
+
+# ---------------------------------------------------------------------------------- stages
+def propose(gen: Generation) -> TokenTree:
+    """The drafter's tree for the next pass (told first which scores cannot pay)."""
+    gen.drafter.min_score = gen.policy.score_floor()
+    context = gen.context
+    return gen.drafter.propose(int(context[-1]), context.cpu().numpy())
+
+
+def lay_out(gen: Generation, plan: StepPlan) -> tuple[TreeLayout, PassInputs]:
+    """The plan's layout (cached per tree shape) and the pass's inputs."""
+    layout = gen.layout(plan.tree, plan.num_masks, plan.pad_to, plan.owners)
+    parts = gen.parts
+    masks = gen.masks if plan.num_masks else None
+    return layout, assemble_inputs(parts.embed, plan.tree, layout, masks, gen.cached, gen.cache, parts.fmt)
+
+
+def verify_pass(gen: Generation, tree: TokenTree, layout: TreeLayout, inputs: PassInputs) -> PassLogits:
+    """One forward pass over ``tree`` (timed and counted); the nodes' logits and the masks' on demand."""
+    t0 = time.perf_counter()
+    logits = gen.parts.output.run(gen.cache, inputs, layout, tree.size)
+    gen.stats.forward_seconds += time.perf_counter() - t0
+    gen.stats.forward_passes += 1
+    gen.stats.inputs_per_pass.append(layout.num_inputs)
+    return logits
+
+
+def node_tops(gen: Generation, node_logits: torch.Tensor) -> RowTops | None:
+    """Every node's most probable tokens, once, when the drafter learns from them (the greedy walk
+    reads their argmax too)."""
+    width = gen.drafter.node_top_k
+    return RowTops.of(node_logits, max(width, 2)) if width else None
+
+
+def commit(gen: Generation, tokens, scores) -> int:
+    """Append ``tokens`` one at a time, checking the stopping criteria after each; ``scores[i]``
+    is token i's ``[1, V]`` score row.  Returns how many were committed; sets ``gen.done``."""
+    req = gen.request
+    committed = 0
+    for i, tok in enumerate(np.asarray(tokens).tolist()):
+        if gen.length >= gen.buffer.shape[1]:
+            gen.done = True
+            break
+        gen.buffer[0, gen.length] = int(tok)
+        gen.length += 1
+        committed += 1
+        row = scores[i] if scores is not None else None
+        if req.output_scores and row is not None:
+            gen.scores.append(row.clone())
+        stop = req.criteria(gen.sequence, row) if req.criteria else False
+        if bool(torch.as_tensor(stop).any()) or gen.length >= req.max_length:
+            gen.done = True
+            break
+    if committed and req.streamer is not None:
+        req.streamer.put(gen.buffer[0, gen.length - committed : gen.length].cpu())
+    return committed
+
+
+def feed_back(gen: Generation, tree: TokenTree, verdict: Verdict, node_logits: torch.Tensor,
+              mask_logits: torch.Tensor | None, tops: RowTops | None = None, is_prefill: bool = False) -> None:
+    """The drafter learns from the pass; the mask vectors take the new tokens in."""
+    gen.drafter.observe(
+        StepFeedback(
+            tree=tree,
+            accepted=verdict.path,
+            new_tokens=verdict.tokens,
+            node_logits=node_logits,
+            mask_logits=mask_logits,
+            context=gen.context.cpu().numpy(),
+            is_prefill=is_prefill,
+            node_tops=tops,
+        )
+    )
+    if gen.masks is not None and not gen.done:
+        gen.masks.update(gen.embed_tokens(verdict.tokens))
+
+
+# ---------------------------------------------------------------------------------- prefill
 @dataclass
-class PassInputs:
-    inputs_embeds: torch.Tensor  # [1, N, H]
-    attention_mask: torch.Tensor | dict | None  # [1, 1, N, P+N], {"full_attention", "sliding_attention"}, or None: causal
-    position_ids: torch.Tensor  # [1, N]
+class PrefillResult:
+    root: TokenTree  # the root-only tree (the prompt's last token)
+    verdict: Verdict
+    node_logits: torch.Tensor  # [1, V]
+    mask_logits: torch.Tensor | None  # [k, V]
 
 
-def assemble_inputs(
-    embed: torch.nn.Module,
-    tree: TokenTree,
-    layout: TreeLayout,
-    masks: MaskVectors | None,
-    root_position: int,
-    cache,
-    fmt: AttentionFormat,
-    past_visible: torch.Tensor | None = None,
-) -> PassInputs:
-    """Embeddings ``[root | nodes | masks]``, the tree attention mask and depth-based position ids."""
-    device = fmt.device
-    # padding inputs (pad_layout) repeat the root token
-    node_ids = torch.tensor(np.concatenate([tree.tokens, np.repeat(tree.tokens[:1], layout.num_pad)]), device=device)
-    embeds = embed(node_ids)
-    if layout.num_masks:
-        if masks is None:
-            raise ValueError("a layout with mask slots needs mask vectors")
-        mask_rows = layout.mask_index[layout.tree_size : layout.num_inputs - layout.num_pad]
-        slot = torch.from_numpy(mask_rows - 1).to(device)
-        mask_embeds = masks.vectors.index_select(0, slot).to(embeds.dtype)
-        embeds = torch.cat([embeds[: tree.size], mask_embeds, embeds[tree.size :]], dim=0)
-    if layout.num_inputs == 1 and past_visible is None:
-        # a bare step (a lone root, no masks): plain causal decoding, so the model builds its own
-        # mask, as under model.generate (sdpa then needs none at all for one query)
-        return PassInputs(embeds[None], None, torch.tensor([[int(root_position)]], device=device))
-    positions = torch.tensor(layout.position_offsets, device=device) + int(root_position)
-    attn = attention_inputs(cache, layout.visible, positions, fmt, past_visible)
-    return PassInputs(embeds[None], attn, positions[None])
+def prefill_pass(gen: Generation) -> PrefillResult:
+    """One pass over the prompt and k masks owned by its last token; the cache keeps the prompt."""
+    parts, k = gen.parts, gen.drafter.num_masks
+    prompt = gen.context
+    layout = prefill_layout(gen.prompt_len, k)
+    embeds = parts.embed(prompt)
+    if k:
+        embeds = torch.cat([embeds, gen.masks.vectors.to(embeds.dtype)], dim=0)
+    positions = torch.tensor(layout.position_offsets, device=gen.device)
+    attn = attention_inputs(gen.cache, layout.visible, positions, parts.fmt)
+    logits = forward_pass(parts.model, gen.cache, PassInputs(embeds[None], attn, positions[None]), logits_to_keep=k + 1)
+    gen.stats.forward_passes += 1
+    keep_accepted(gen.cache, gen.prompt_len + k, torch.arange(gen.prompt_len, device=gen.device))
+    root = TokenTree.root_only(int(prompt[-1]))
+    verdict = gen.accept(root, logits[:1], prompt)
+    return PrefillResult(root, verdict, logits[:1], logits[1:] if k else None)
 
 
-def forward_pass(model, cache, inputs: PassInputs, logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
-    """One forward pass on top of ``cache`` (which grows by N entries); returns logits ``[M, V]``
-    as float32 (M = N, or the number of positions kept)."""
-    out = model(
-        inputs_embeds=inputs.inputs_embeds,
-        attention_mask=inputs.attention_mask,
-        position_ids=inputs.position_ids,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=logits_to_keep,
-    )
-    return out.logits[0].float()
+def finish_prefill(gen: Generation, result: PrefillResult) -> None:
+    """Stream the prompt, commit the prefill's token and feed the pass back."""
+    if gen.request.streamer is not None:
+        gen.request.streamer.put(gen.context.cpu())
+    commit(gen, result.verdict.tokens, result.verdict.scores)
+    feed_back(gen, result.root, result.verdict, result.node_logits, result.mask_logits, is_prefill=True)
 
 
-def backbone_pass(split_head, cache, inputs: PassInputs) -> torch.Tensor:
-    """One forward pass of the model's backbone only: final hidden states ``[N, H]`` (the output
-    layer is applied later, to the rows whose logits are used; see :mod:`probe_mtp.head`)."""
-    return split_head.hidden_states(
-        inputs_embeds=inputs.inputs_embeds,
-        attention_mask=inputs.attention_mask,
-        position_ids=inputs.position_ids,
-        cache=cache,
-        use_cache=True,
-    )
+def prefill(gen: Generation) -> None:
+    finish_prefill(gen, prefill_pass(gen))
 
 
-def node_targets(node_logits: torch.Tensor) -> np.ndarray:
-    """Greedy: the model's next token after each node (argmax of its processed logits)."""
-    return vocab_argmax(node_logits).cpu().numpy()
+# ---------------------------------------------------------------------------------- the loop
+@dataclass(frozen=True)
+class Strategy:
+    """How a request is decoded: its first pass and its steps."""
+
+    prefill: Callable[[Generation], None]
+    step: Callable[[Generation], None]
 
 
-def top_candidates(mask_logits: torch.Tensor, width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per mask j, the ``width`` most probable tokens and their probabilities (descending)."""
-    toks, ps = top_probabilities(mask_logits, width)
-    return list(toks.cpu().numpy()), list(ps.double().cpu().numpy())
+LOSSLESS = Strategy(prefill, decode_step)
+
+
+def run(gen: Generation, strategy: Strategy = LOSSLESS) -> GenerateOutput:
+    """Prefill, then steps until a stopping criterion; each step's timings go to the budget policy."""
+    t0 = time.perf_counter()
+    stats = gen.stats
+    gen.drafter.start(gen.context.cpu().numpy())
+    if not gen.done:
+        strategy.prefill(gen)
+        stats.prefill_seconds = time.perf_counter() - t0
+    trim_heap = heap_trimmer(gen.device)
+    while not gen.done:
+        started, forward_before, cached = time.perf_counter(), stats.forward_seconds, gen.cached
+        strategy.step(gen)
+        if trim_heap is not None:
+            trim_heap()
+        gen.policy.observe_timing(stats.inputs_per_pass[-1], cached, stats.forward_seconds - forward_before,
+                                  time.perf_counter() - started)
+    if gen.request.streamer is not None:
+        gen.request.streamer.end()
+    stats.seconds = time.perf_counter() - t0
+    return gen.result()

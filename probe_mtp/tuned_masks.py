@@ -135,7 +135,7 @@ class TunedMasks:
             "embedding_fingerprint": self.identity.fingerprint,
             "settings": json.dumps(self.settings, sort_keys=True),
         }
-        from . import __version__
+        from .version import __version__
 
         meta["probe_mtp_version"] = __version__
         return meta

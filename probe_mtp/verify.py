@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .tree import TokenTree
+from .vocab import vocab_argmax
 
 
 def path_token_matrix(tree: TokenTree) -> np.ndarray:
@@ -82,6 +83,11 @@ class NodeRows(Sequence):
         if isinstance(i, slice):
             return [self.make(n) for n in self.nodes[i]]
         return self.make(self.nodes[i])
+
+
+def node_targets(node_logits: torch.Tensor) -> np.ndarray:
+    """Greedy: the model's next token after each node (argmax of its processed logits), on the host."""
+    return vocab_argmax(node_logits).cpu().numpy()
 
 
 def accept_greedy(tree: TokenTree, targets: np.ndarray) -> np.ndarray:

@@ -96,3 +96,17 @@ def smol_refs(smollm2, specbench, greedy):
     prompts = task_prompts(specbench, 1)
     assert len({p.task for p in prompts}) >= 6
     return GreedyReferences(model, tokenizer, prompts, greedy)
+
+
+REAL_MODEL_FIXTURES = {"smollm2": "model", "gemma3": "gemma"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that loads a real model (directly or through another fixture) is marked ``model``
+    (``gemma`` too for Gemma 3), so the fast loop can leave it out whatever folder it is in."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in REAL_MODEL_FIXTURES.items():
+            if fixture in used:
+                item.add_marker("model")
+                item.add_marker(marker)

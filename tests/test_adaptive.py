@@ -17,7 +17,7 @@ from probe_mtp.tree import TokenTree, best_order, choose_node_count, esp_layout,
 from tree_strategies import bfs_trees
 
 FAST = settings(max_examples=100, deadline=None)
-# the shape of design.md's CPU table for SmolLM2 (ms): 2 inputs cost more than 4
+# the shape of a 2-core CPU's curve for SmolLM2 (ms): 2 inputs cost more than 4
 CPU_CURVE = CostCurve.from_mapping({1: 57, 2: 91, 4: 80, 8: 78, 16: 90, 32: 117, 64: 174})
 FLAT_CURVE = CostCurve.from_mapping({1: 10.0, 64: 10.5})
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from probe_mtp import ProbeConfig, ProbeDecoder
-from probe_mtp.confadapt import ConfAdaptRule, confident_run, graft_chain
+from probe_mtp.confadapt import confident_run, extend_confident, graft_chain
 from probe_mtp.tree import TokenTree
 
 from conftest import chat_ids
@@ -46,18 +46,16 @@ def test_confident_run_counts_from_mask_one():
     assert confident_run(None, 0.5) == 0
 
 
-def test_rule_records_pending_tokens_and_leftover_masks():
-    rule = ConfAdaptRule(0.9)
+def test_extension_appends_the_confident_run_and_keeps_the_leftover_masks():
     logits = torch.full((2, 6), -20.0)
     logits[0, 4] = 20.0
     logits[1] = 0.0
-    tokens, scores, rest, unverified = rule.extend(np.array([1, 2]), list(torch.zeros((2, 6)).split(1)), logits)
+    tokens, scores, rest, unverified = extend_confident(np.array([1, 2]), list(torch.zeros((2, 6)).split(1)), logits, 0.9)
     assert tokens.tolist() == [1, 2, 4] and unverified == 1
     assert len(scores) == 3 and scores[2].shape == (1, 6) and torch.equal(scores[2][0], logits[0])
-    assert rule.pending == [2]  # the bonus token waits for the cache; 4 is the next root
     assert torch.equal(rest, logits[1:])
-    tokens, _, rest, unverified = rule.extend(np.array([3]), None, logits[1:])
-    assert tokens.tolist() == [3] and unverified == 0 and rule.pending == [] and rest is not None
+    tokens, _, rest, unverified = extend_confident(np.array([3]), None, logits[1:], 0.9)
+    assert tokens.tolist() == [3] and unverified == 0 and rest is not None
 
 
 @pytest.mark.parametrize(

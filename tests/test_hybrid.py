@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import probe_mtp
-from probe_mtp.config import DRAFTERS, ProbeConfig
+from probe_mtp.config import ProbeConfig
+from probe_mtp.drafters import DRAFTERS
 from probe_mtp.decoder import ProbeDecoder
 from probe_mtp.drafters import HybridDrafter, StepFeedback, make_drafter
 from probe_mtp.drafters.calibration import AcceptanceCalibrator

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import probe_mtp.config as config
+from probe_mtp.drafters import DRAFTERS
 from probe_mtp.cli import build_parser, main
 from probe_mtp.report import GREEDY, HF_PLD, Report, resolve_methods, summarize, write_outputs
 from probe_mtp.cost import CostCurve
@@ -22,26 +22,18 @@ from probe_mtp.report.summary import OVERALL, accepted_length_counts
 # --------------------------------------------------------------------------- settings
 
 
-def test_methods_default_to_every_available_drafter():
-    assert resolve_methods(None) == tuple(config.DRAFTERS)
-    assert resolve_methods("all") == tuple(config.DRAFTERS)
+def test_methods_default_to_every_registered_drafter():
+    assert resolve_methods(None) == tuple(DRAFTERS)
+    assert resolve_methods("all") == tuple(DRAFTERS)
     assert resolve_methods(" esp , esp") == ("esp",)
+    assert resolve_methods(("pld", "esp")) == ("pld", "esp")
 
 
-def test_methods_not_yet_available_fail_clearly(monkeypatch):
-    monkeypatch.setattr(config, "DRAFTERS", ("esp",))
-    with pytest.raises(ValueError, match="'pld' is not available .* yet .*available: esp"):
-        resolve_methods("esp,pld")
-    with pytest.raises(ValueError, match="unknown method 'nope'"):
+def test_unknown_methods_fail_clearly():
+    with pytest.raises(ValueError, match="unknown method 'nope'.*available: hybrid, esp"):
         resolve_methods("nope")
     with pytest.raises(ValueError, match="always measured"):
         resolve_methods(GREEDY)
-
-
-def test_methods_follow_the_registry(monkeypatch):
-    monkeypatch.setattr(config, "DRAFTERS", ("esp", "pld"))
-    assert resolve_methods(None) == ("esp", "pld")
-    assert resolve_methods("pld") == ("pld",)
 
 
 def test_budgets_parse_as_a_sweep():
@@ -193,6 +185,7 @@ SETTINGS_TYPES = {
     "masks": list,
     "acceptance": list,
     "threshold": float,
+    "knobs": dict,
 }
 ENVIRONMENT_TYPES = {
     "torch_threads": int,
@@ -404,7 +397,7 @@ def test_bench_bound_costs_each_pass_at_its_context_and_adds_the_prefill_to_both
            "forward_seconds": 2 * mine, "prompt_tokens": 100, "new_tokens": 5}  # 1 + 3 + 1 tokens
     # the passes ran twice as slow as the curve: plain decoding is put on the same scale
     assert _bound([rec], curve) == pytest.approx((5.0 + 2 * plain) / (5.0 + 2 * mine))
-    # a one-row curve and no prefill: the design's tau / (c(N) / c(1))
+    # a one-row curve and no prefill: tau / (c(N) / c(1))
     flat = CostCurve((1, 8), (10.0, 20.0))
     assert _bound([dict(rec, prefill_seconds=0.0)], flat) == pytest.approx(2.0 / (20 / 10))
     assert _bound([dict(rec, prefill_seconds=0.0, forward_seconds=None)], flat) == pytest.approx(1.0)

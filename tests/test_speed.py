@@ -12,7 +12,7 @@ from probe_mtp.head import SplitHead
 
 from conftest import chat_ids, task_prompts
 
-CPU_CURVE = {1: 57, 2: 91, 4: 80, 8: 78, 16: 90, 32: 117, 64: 174}  # design.md's 2-core table (ms)
+CPU_CURVE = {1: 57, 2: 91, 4: 80, 8: 78, 16: 90, 32: 117, 64: 174}  # a 2-core CPU's measured SmolLM2 curve (ms)
 FLAT_CURVE = {1: 10.0, 64: 10.5}  # GPU-like: width is free, trees always pay
 # the CPU table with timings of the output layer alone that make 16 rows cheaper than 2-15
 HEAD_CURVE = CostCurve(tuple(CPU_CURVE), tuple(CPU_CURVE.values()), head_rows=(1, 16, 32, 64), head_seconds=(5.0, 4.0, 8.0, 16.0))

@@ -17,8 +17,8 @@ from probe_mtp.cost import measure_cost_curve
 from probe_mtp.head import SplitHead
 from probe_mtp.heap import heap_trimmer
 from probe_mtp.kv import GROW_TOKENS, ReservedLayer, keep_accepted, new_cache, start_recording
-from probe_mtp.step import node_targets, top_candidates
-from probe_mtp.verify import accept_greedy, accept_greedy_lazily, process_node_logits, process_node_row
+from probe_mtp.verify import accept_greedy, accept_greedy_lazily, node_targets, process_node_logits, process_node_row
+from probe_mtp.vocab import top_candidates
 from probe_mtp.tree import TokenTree
 
 from oracle import OracleDrafter

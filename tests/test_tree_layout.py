@@ -1,5 +1,5 @@
 """Property tests for the ESP input layout (``esp_layout``) and the prefill layout, checked
-against the rules of design.md section 1 written out as brute-force loops."""
+against the ESP layout's rules (tree/layout.py) written out as brute-force loops."""
 
 from __future__ import annotations
 

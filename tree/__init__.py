@@ -9,7 +9,7 @@ offsets, counts block complexity and exports to networkx.  It is installed as ``
 from .token_tree import TokenTree
 from .build import best_first, chain, grow_best_first
 from .budget import block_complexity, node_budget, min_block_complexity
-from .layout import TreeLayout, esp_layout, pad_layout, prefill_layout
+from .layout import LayoutCache, TreeLayout, esp_layout, pad_layout, prefill_layout
 from .select import best_order, choose_node_count, keep_nodes, path_monotone
 from .attention import (
     additive_mask,
@@ -20,6 +20,7 @@ from .attention import (
 __all__ = [
     "TokenTree",
     "TreeLayout",
+    "LayoutCache",
     "best_first",
     "chain",
     "grow_best_first",

@@ -14,6 +14,7 @@ A layout depends only on the tree's shape, k and the owners, so callers may cach
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,3 +137,32 @@ def pad_layout(layout: TreeLayout, total: int) -> TreeLayout:
     for arr in (visible, position_offsets, owner, mask_index):
         arr.setflags(write=False)
     return TreeLayout(layout.tree_size, layout.num_masks, visible, position_offsets, owner, mask_index, layout.num_pad + extra)
+
+
+class LayoutCache:
+    """Layouts built once per (tree shape, k, padding, owners) and reused, least recently used
+    dropped first beyond ``size`` entries (the paper's "cached mask": a step's attention mask and
+    position offsets depend only on the tree's shape)."""
+
+    def __init__(self, size: int = 256):
+        self.size = int(size)
+        self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._layouts)
+
+    def layout(self, tree: TokenTree, num_masks: int, pad_to: int = 0, owners: np.ndarray | None = None) -> TreeLayout:
+        """``tree``'s layout with ``num_masks`` masks on every node (or on ``owners``), padded to
+        ``pad_to`` inputs (0: none)."""
+        key = (tree.shape_key, num_masks, pad_to, None if owners is None else tuple(owners.tolist()))
+        found = self._layouts.get(key)
+        if found is not None:
+            self._layouts.move_to_end(key)
+            return found
+        built = esp_layout(tree, num_masks, owners)
+        if pad_to:
+            built = pad_layout(built, pad_to)
+        self._layouts[key] = built
+        if len(self._layouts) > self.size:
+            self._layouts.popitem(last=False)
+        return built

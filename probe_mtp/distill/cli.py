@@ -16,7 +16,7 @@ CURVE_FIELDS = ("step", "task", "loss", "top1", "top14", "targets", "seconds")
 
 
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
-    from ..cli import add_model_arguments
+    from ..options import add_model_arguments
     from .train import TrainSettings
 
     d = TrainSettings()
@@ -120,7 +120,8 @@ def cmd_tune(args, loaded=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .. import __version__, load_model
+    from ..loading import load_model
+    from ..version import __version__
     from ..loading import DEFAULT_MODEL
     from ..tuned_masks import ModelIdentity
     from .teacher import context_limit, load_teachers, save_teachers, teacher_key, teacher_sequences, training_prompts

@@ -16,7 +16,7 @@ class AutoregressiveDrafter(Drafter):
     one pass has one input."""
 
     name = "ar"
-    num_masks = 0
+    budget_free = True
 
     def __init__(self, budget: int = 1):
         super().__init__(budget)

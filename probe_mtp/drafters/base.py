@@ -1,15 +1,31 @@
-"""The drafter interface."""
+"""The drafter interface: every hook the decoding loop calls, with its default.
+
+A drafter proposes the token tree the next pass verifies and learns from what verification found.
+The loop calls, per generation:
+
+- :meth:`Drafter.start` once with the prompt;
+- per step :meth:`Drafter.propose` (after setting :attr:`Drafter.min_score`), then
+  :meth:`Drafter.mask_owners` / :meth:`Drafter.mask_free_nodes` through the budget policy, and
+  :meth:`Drafter.observe` with the pass's :class:`StepFeedback` (also after the prefill);
+- for ``sampling_rule="rejection"``: :meth:`Drafter.draw_children` once, and
+  :meth:`Drafter.draft_distributions` after each proposal.
+
+Only :meth:`propose` is abstract; a drafter that proposes from the context alone needs nothing else.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from ..tree import TokenTree
 from ..vocab import RowTops
+
+MASK_USES = ("required", "optional", "none")
 
 
 @dataclass
@@ -40,13 +56,22 @@ class StepFeedback:
 
 class Drafter(ABC):
     """Proposes trees; ``num_masks`` mask inputs are appended to every node of its trees, or to the
-    nodes :meth:`mask_owners` names."""
+    nodes :meth:`mask_owners` names.
 
-    name: str = "drafter"
+    Class attributes the registry (:mod:`probe_mtp.drafters.registry`) and the configuration read:
+
+    - ``name``: the drafter's name in ``ProbeConfig.drafter``, the CLI and the report;
+    - ``mask_use``: ``"required"`` (needs ``num_masks`` >= 1), ``"optional"`` (``num_masks=0``
+      turns the probe off) or ``"none"`` (appends no masks; ``num_masks`` does not apply);
+    - ``budget_free``: its trees do not depend on the budget (measured once in a budget sweep).
+    """
+
+    name: ClassVar[str] = "drafter"
+    mask_use: ClassVar[str] = "none"
+    budget_free: ClassVar[bool] = False
     num_masks: int = 0
-    # how many of every verified node's most probable tokens observe() reads (0: none); the decoder
-    # then computes them once per pass (StepFeedback.node_tops) and its greedy walk reads them too
-    node_top_k: int = 0
+    # nodes carrying the masks when only some do (see mask_owners); None: every node
+    mask_nodes: int | None = None
 
     def __init__(self, budget: int):
         self.budget = int(budget)
@@ -54,10 +79,23 @@ class Drafter(ABC):
         # the tree anyway, so a drafter that grows its tree node by node may stop there
         self.min_score = 0.0
 
+    @classmethod
+    def from_config(cls, config) -> "Drafter":
+        """The drafter a :class:`~probe_mtp.config.ProbeConfig` asks for, sized by its
+        ``tree_budget`` (``budget``, or ``max_budget`` when the budget is adaptive)."""
+        return cls(config.tree_budget)
+
     @property
     def max_nodes(self) -> int:
         """Draft nodes (root excluded) that fit the budget with this drafter's masks."""
         return self.budget // (self.num_masks + 1) - 1
+
+    @property
+    def node_top_k(self) -> int:
+        """How many of every verified node's most probable tokens :meth:`observe` reads (0: none);
+        the decoder then computes them once per pass (``StepFeedback.node_tops``) and its greedy
+        walk reads them too."""
+        return 0
 
     def start(self, prompt_ids: np.ndarray) -> None:
         """Reset per-generation state for a new prompt."""
@@ -72,12 +110,23 @@ class Drafter(ABC):
         deepest accepted node carried none."""
         return None
 
+    def mask_free_nodes(self, tree: TokenTree) -> np.ndarray | None:
+        """For the adaptive budget: which nodes of the proposed ``tree`` (a bool per node) came from
+        sources that need no masks on the previous pass; None: none of them (every draft depends on
+        the masks), which is also what a mask-free drafter never gets asked."""
+        return None
+
     def observe(self, feedback: StepFeedback) -> None:
         """Learn from a verification pass (called after prefill too)."""
 
+    def draw_children(self, generator: torch.Generator | None) -> bool:
+        """For ``sampling_rule="rejection"``: switch to drawing each node's children i.i.d. from a
+        distribution (with ``generator``) and return True, or return False when this drafter cannot
+        (sampling then uses sample-and-match, exact for any tree)."""
+        return False
+
     def draft_distributions(self):
-        """For ``sampling_rule="rejection"``: ``(q, draws)`` of the last proposed tree, where
-        ``q[node]`` is the distribution the node's children were drawn from (i.i.d.) and
-        ``draws[node]`` the draws in order; ``None`` when the tree was not drawn that way (then
-        sampling falls back to sample-and-match, which is exact for any tree)."""
+        """After :meth:`draw_children`: ``(q, draws)`` of the last proposed tree, where ``q[node]``
+        is the distribution the node's children were drawn from (i.i.d.) and ``draws[node]`` the
+        draws in order; ``None`` when that tree was not drawn (a root-only tree)."""
         return None

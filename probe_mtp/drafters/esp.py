@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..step import top_candidates
 from ..tree import TokenTree, best_first, node_budget
+from ..vocab import top_candidates
 from .base import Drafter, StepFeedback
 
 
@@ -17,6 +17,11 @@ class ESPDrafter(Drafter):
     path is expanded."""
 
     name = "esp"
+    mask_use = "required"
+
+    @classmethod
+    def from_config(cls, config) -> "ESPDrafter":
+        return cls(config.num_masks, config.tree_budget, prune_repeats=config.prune_repeats)
 
     def __init__(self, num_masks: int, budget: int, prune_repeats: bool = True):
         super().__init__(budget)
@@ -32,11 +37,12 @@ class ESPDrafter(Drafter):
         self._mask_probs: torch.Tensor | None = None
         self._last_draws: tuple[dict, dict] | None = None
 
-    def use_draws(self, generator: torch.Generator | None) -> None:
+    def draw_children(self, generator: torch.Generator | None) -> bool:
         """Draw children i.i.d. from the masks' distributions (for recursive rejection sampling)
         instead of taking the top candidates."""
         self._draw_mode = True
         self._generator = generator
+        return True
 
     def start(self, prompt_ids: np.ndarray) -> None:
         self._cand_tokens = self._cand_probs = None

@@ -39,8 +39,8 @@ from bisect import bisect_right
 import numpy as np
 import torch
 
-from ..step import top_candidates
 from ..tree import TokenTree, grow_best_first
+from ..vocab import top_candidates
 from .base import Drafter, StepFeedback
 from .calibration import AcceptanceCalibrator
 from .context_match import ContextIndex
@@ -83,6 +83,11 @@ class HybridDrafter(Drafter):
     verified nodes refresh the successor table (``"all"`` or ``"accepted"``)."""
 
     name = "hybrid"
+    mask_use = "optional"
+
+    @classmethod
+    def from_config(cls, config) -> "HybridDrafter":
+        return cls(config.tree_budget, config.num_masks, prune_repeats=config.prune_repeats)
 
     def __init__(
         self,

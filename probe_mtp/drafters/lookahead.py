@@ -103,7 +103,6 @@ class LookaheadDrafter(Drafter):
     docstring."""
 
     name = "lookahead"
-    num_masks = 0
 
     def __init__(
         self,

@@ -65,7 +65,6 @@ class PromptLookupDrafter(Drafter):
     occurrence (n = 3, 2, 1)."""
 
     name = "pld"
-    num_masks = 0
 
     def __init__(self, budget: int, max_ngram: int = 3, match: str = "recent"):
         super().__init__(budget)

@@ -69,7 +69,6 @@ class StandDrafter(Drafter):
     module docstring."""
 
     name = "stand"
-    num_masks = 0
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ within one repetition, so slow phases of a shared machine cancel).  For the prob
 
       bound = (P + s * sum_t c(1, L_t)) / (P + F)
 
-  Without the context and the prefill this is the design's ``tau / (c(BC) / c(1))``.
+  Without the context and the prefill this is ``tau / (c(BC) / c(1))``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import ProbeConfig
 from ..loading import DEFAULT_MODEL
+from ..options import add_config_arguments, add_model_arguments, config_from_args
 
 DEFAULT_OUT = "report-out"
 
@@ -24,15 +26,13 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
     return r
 
 
-def add_run_arguments(r, budget: str, limit: int, tokens: int) -> None:
-    """The options ``report`` and ``bench`` share."""
-    from ..cli import add_model_arguments
-
+def add_run_arguments(r, budget: str, limit: int, tokens: int, drafters: str = "every drafter") -> None:
+    """The options ``report`` and ``bench`` share: the model, the prompts, and every decoder knob of
+    :class:`~probe_mtp.config.ProbeConfig` (``--drafter``, ``--budget``, ``--masks`` and
+    ``--acceptance`` take comma lists: every value is measured)."""
     add_model_arguments(r)
-    r.add_argument("--num-masks", type=int, default=1, help="masks per tree node, k (default 1)")
-    r.add_argument("--budget", default=budget,
-                   help="block complexity BC (inputs per forward pass), 'auto' (the adaptive budget), or a comma "
-                   f"list for a sweep such as 10,30,60: every method at every budget (default {budget})")
+    add_config_arguments(r, sweep=True, defaults={"budget": budget}, aliases={"drafter": ("--methods",)},
+                         notes={"drafter": drafters})
     r.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                    help="prompt file in Spec-Bench format (default: the bundled Spec-Bench questions)")
     r.add_argument("--tasks", default=None,
@@ -40,17 +40,6 @@ def add_run_arguments(r, budget: str, limit: int, tokens: int) -> None:
                    "math_reasoning, rag)")
     r.add_argument("--limit", type=int, default=limit, help=f"prompts per task (default {limit}; 0 = all)")
     r.add_argument("--max-new-tokens", type=int, default=tokens, help=f"new tokens per turn (default {tokens})")
-    r.add_argument("--methods", default=None,
-                   help="comma list of probe-mtp drafters (default: every available one); model.generate and "
-                   "transformers' prompt lookup are always measured")
-    r.add_argument("--masks", action="append", default=None, metavar="PATH",
-                   help="mask vectors tuned by `probe-mtp tune-masks` for the mask drafters (esp); repeat to compare "
-                   "several, 'prompt_mean' for the untuned default (default: prompt_mean only)")
-    r.add_argument("--acceptance", default="verify",
-                   help="comma list of acceptance rules for the mask drafters: verify (lossless, default) and/or "
-                   "confadapt (LOSSY: also emits unverified confident mask predictions); e.g. verify,confadapt "
-                   "measures both side by side")
-    r.add_argument("--threshold", type=float, default=0.9, help="ConfAdapt's top-1 probability threshold (default 0.9)")
     r.add_argument("--seed", type=int, default=0, help="torch seed and the masks' sampling seed (default 0)")
     r.add_argument("--warmup-tokens", type=int, default=16,
                    help="tokens of the untimed warm-up generation of each method (default 16)")
@@ -62,6 +51,9 @@ def add_run_arguments(r, budget: str, limit: int, tokens: int) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+SWEPT = ("drafter", "budget", "masks", "acceptance")
+
+
 def settings_from_args(args):
     """Validated :class:`ReportSettings` (raises ValueError before any model is loaded)."""
     from .harness import PROMPT_MEAN, ReportSettings, parse_budgets, resolve_methods
@@ -70,8 +62,8 @@ def settings_from_args(args):
     if args.tasks:
         tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) or None
     dtype = str(args.dtype).removeprefix("torch.")
-    masks = tuple(None if m in (PROMPT_MEAN, "none") else m for m in (args.masks or [PROMPT_MEAN]))
-    acceptance = tuple(dict.fromkeys(a.strip() for a in args.acceptance.split(",") if a.strip()))
+    masks = tuple(None if m in (PROMPT_MEAN, "none") else m for m in (args.masks or (PROMPT_MEAN,)))
+    knobs = {k: v for k, v in config_from_args(args).items() if k not in SWEPT + ("num_masks", "threshold")}
     return ReportSettings(
         model=args.model or DEFAULT_MODEL,
         dtype=dtype,
@@ -79,14 +71,15 @@ def settings_from_args(args):
         tasks=tasks,
         limit=args.limit,
         max_new_tokens=args.max_new_tokens,
-        methods=resolve_methods(args.methods),
+        methods=resolve_methods(args.drafter),
         budgets=parse_budgets(args.budget),
-        num_masks=args.num_masks,
+        num_masks=args.num_masks if args.num_masks is not None else ProbeConfig.default("num_masks"),
         seed=args.seed,
         warmup_tokens=args.warmup_tokens,
         masks=tuple(dict.fromkeys(masks)),
-        acceptance=acceptance,
-        threshold=args.threshold,
+        acceptance=tuple(args.acceptance or ("verify",)),
+        threshold=args.threshold if args.threshold is not None else ProbeConfig.default("threshold"),
+        knobs=knobs,
     )
 
 
@@ -111,7 +104,7 @@ def prepare_run(args, loaded=None):
     settings = settings_from_args(args)
     prompts = select_prompts(settings)
     if loaded is None:
-        from .. import load_model
+        from ..loading import load_model
 
         with progress_console.status(f"loading {settings.model}..."):
             model, tokenizer = load_model(args.model, dtype=args.dtype)
@@ -162,7 +155,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "each probe step spent outside the model's forward pass, and the speedup bound of the method's passes "
         "on this machine's measured cost curve.",
     )
-    add_run_arguments(b, budget="auto,30", limit=4, tokens=128)
+    add_run_arguments(b, budget="auto,30", limit=4, tokens=128, drafters="esp")
     b.add_argument("--repeats", type=int, default=3, help="repetitions of the whole run (default 3)")
     b.add_argument("--memory-tokens", type=int, default=0,
                    help="also measure peak memory of one generation of this many tokens, model.generate against "
@@ -171,7 +164,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="measure memory with MKL's buffer cache on, its default (by default the measured processes "
                    "run with MKL_DISABLE_FAST_MM=1 unless it is set: the cache keeps up to ~200 MB after one large "
                    "output-layer product)")
-    b.set_defaults(func=cmd_bench, methods=None)
+    b.set_defaults(func=cmd_bench)
     return b
 
 
@@ -190,8 +183,8 @@ def cmd_bench(args, loaded=None) -> int:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.memory_tokens < 0:
         raise ValueError(f"--memory-tokens must be >= 0, got {args.memory_tokens}")
-    if args.methods is None:
-        args.methods = "esp"
+    if args.drafter is None:
+        args.drafter = ("esp",)
     console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded)
     probe = ProbeDecoder(model, tokenizer)
     curve = probe.cost_curve(probe.config)

@@ -26,19 +26,15 @@ from typing import Callable
 
 import torch
 
-from .. import config as _config
+from ..config import ProbeConfig
+from ..decoder import ProbeDecoder
+from ..drafters import drafter_class, drafter_names
 from ..prompts import Prompt, balanced_subset, chat_input_ids, load_prompts
 from ..tuned_masks import BUNDLED
+from ..version import __version__
+from .baselines import BASELINES, GREEDY, HF_PLD
+from .summary import summarize
 
-GREEDY = "generate"
-"""``model.generate(do_sample=False)``: the reference (tau = 1 by definition)."""
-HF_PLD = "hf-pld"
-"""transformers' own prompt lookup, ``model.generate(do_sample=False, prompt_lookup_num_tokens=10)``."""
-BASELINES = (GREEDY, HF_PLD)
-# Drafter names the project plans; the ones not (yet) in probe_mtp.config.DRAFTERS get a clear error.
-PLANNED_DRAFTERS = ("esp", "hybrid", "pld", "lookahead", "stand", "ar")
-# Drafters whose trees do not depend on the budget (plain one-token decoding): run once per sweep.
-BUDGET_FREE_DRAFTERS = ("ar",)
 SCHEMA = "probe-mtp-report/1"
 PROMPT_MEAN = "prompt_mean"
 """``--masks`` value (and record entry) for the untuned prompt-mean mask vectors."""
@@ -46,8 +42,8 @@ PROMPT_MEAN = "prompt_mean"
 
 # --------------------------------------------------------------------------- settings
 def available_methods() -> tuple[str, ...]:
-    """The probe-mtp drafters of this installation (read from ``probe_mtp.config.DRAFTERS``)."""
-    return tuple(_config.DRAFTERS)
+    """The probe-mtp drafters (from the drafter registry)."""
+    return drafter_names()
 
 
 def resolve_methods(spec: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -67,11 +63,6 @@ def resolve_methods(spec: str | list[str] | tuple[str, ...] | None) -> tuple[str
                 f"--methods chooses among the probe-mtp drafters: {', '.join(available)}"
             )
         if name not in available:
-            if name in PLANNED_DRAFTERS:
-                raise ValueError(
-                    f"method {name!r} is not available in this installation of probe-mtp yet "
-                    f"(available: {', '.join(available)})"
-                )
             raise ValueError(f"unknown method {name!r}; available: {', '.join(available)}")
         if name not in out:
             out.append(name)
@@ -129,6 +120,7 @@ class ReportSettings:
     masks: tuple[str | None, ...] = (None,)
     acceptance: tuple[str, ...] = ("verify",)
     threshold: float = 0.9
+    knobs: dict = field(default_factory=dict)  # other ProbeConfig fields, the same for every probe method
 
     def __post_init__(self) -> None:
         if self.limit < 0:
@@ -143,11 +135,11 @@ class ReportSettings:
             if path is not None and path != BUNDLED and not Path(path).is_file():
                 raise FileNotFoundError(f"tuned mask file not found: {path}")
         for rule in self.acceptance:
-            _config.ProbeConfig(acceptance=rule, threshold=self.threshold)
+            ProbeConfig(acceptance=rule, threshold=self.threshold, **self.knobs)
         for m in self.methods:
             for b in self.budgets:
                 # the decoder's own validation, before any model is loaded
-                _config.ProbeConfig(num_masks=self.num_masks, budget=b, drafter=m)
+                ProbeConfig(num_masks=self.num_masks, budget=b, drafter=m, **self.knobs)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -316,19 +308,17 @@ def mask_variants(settings: ReportSettings) -> list[tuple[str, dict]]:
 
 def build_methods(model, tokenizer, settings: ReportSettings) -> list[Method]:
     """The two baselines, then each drafter at each budget (a budget-free drafter such as ``ar`` once)."""
-    from ..decoder import ProbeDecoder
-
     methods = [
         _hf_method(model, GREEDY, GREEDY),
         _hf_method(model, HF_PLD, HF_PLD, prompt_lookup_num_tokens=settings.hf_pld_tokens),
     ]
     if settings.methods:
-        decoder = ProbeDecoder(model, tokenizer)
-        mask_free = tuple(getattr(_config, "MASK_FREE_DRAFTERS", ()))
+        decoder = ProbeDecoder(model, tokenizer, **settings.knobs)
         for drafter in settings.methods:
-            k = 0 if drafter in mask_free else settings.num_masks
+            cls = drafter_class(drafter)
+            k = 0 if cls.mask_use == "none" else settings.num_masks
             k_label = f" k={k}" if k not in (0, 1) else ""
-            if drafter in BUDGET_FREE_DRAFTERS:  # the same at every budget: measured once
+            if cls.budget_free:  # the same at every budget: measured once
                 methods.append(_probe_method(decoder, drafter, settings.budgets[0], settings.num_masks,
                                              settings.seed, drafter, recorded_budget=None, recorded_masks=k))
                 continue
@@ -355,8 +345,6 @@ class Report:
 
     @property
     def summary(self) -> list[dict]:
-        from .summary import summarize
-
         return summarize(self.records, labels=self.methods)
 
     @classmethod
@@ -382,8 +370,6 @@ class Report:
 def environment() -> dict:
     import numpy
     import transformers
-
-    from .. import __version__
 
     try:
         load = [round(x, 2) for x in os.getloadavg()]

@@ -74,7 +74,7 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None, load
     sampled throughout; ``loaded``: the (model, tokenizer) already loaded, else loaded here."""
     import torch
 
-    from .. import load_model
+    from ..loading import load_model
     from ..decoder import ProbeDecoder
     from ..heap import heap_trimmer
     from ..prompts import balanced_subset, chat_input_ids, load_prompts

@@ -17,7 +17,7 @@ For a method (a record ``label``) over a set of prompt turns:
 
 from __future__ import annotations
 
-from .harness import GREEDY, HF_PLD
+from .baselines import GREEDY, HF_PLD
 
 OVERALL = "overall"
 

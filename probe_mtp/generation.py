@@ -1,0 +1,87 @@
+"""The state of one generation: what a decoding step reads and writes.
+
+A :class:`Generation` is built by the decoder for one request and never outlives it: the committed
+tokens, the KV cache, the mask vectors, the drafter, the budget policy, the acceptance rule and the
+statistics.  The step itself (:mod:`probe_mtp.step`) is a pipeline of functions over this state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .acceptance import AcceptanceRule
+from .adaptive import BudgetPolicy
+from .drafters import Drafter
+from .kv import AttentionFormat
+from .masks import MaskVectors
+from .passes import OutputLayer
+from .request import DecodeRequest
+from .stats import DecodeStats, GenerateOutput
+from .tree import TokenTree, TreeLayout
+
+
+@dataclass
+class Parts:
+    """What a generation uses of its decoder: the model, its input embedding module, how attention
+    masks are handed to it, the pass's output layer, and the decoder's cache of tree layouts."""
+
+    model: object
+    embed: torch.nn.Module
+    fmt: AttentionFormat
+    output: OutputLayer
+    layouts: object  # LayoutCache: layout(tree, num_masks, pad_to, owners) -> TreeLayout
+
+
+class Generation:
+    """One request being decoded (see the module docstring).  ``buffer[0, :length]`` holds every
+    committed token; the KV cache holds all of them but the last (the next root)."""
+
+    def __init__(self, parts: Parts, request: DecodeRequest, drafter: Drafter, policy: BudgetPolicy,
+                 accept: AcceptanceRule, masks: MaskVectors | None, cache, stats: DecodeStats):
+        self.parts = parts
+        self.request = request
+        self.drafter = drafter
+        self.policy = policy
+        self.accept = accept
+        self.masks = masks
+        self.cache = cache
+        self.stats = stats
+        self.device = parts.model.device
+        prompt = request.prompt.to(self.device)
+        self.prompt_len = prompt.shape[1]
+        # every committed token, in a buffer that stopping criteria and processors read as a view
+        self.buffer = torch.empty((1, max(request.max_length, self.prompt_len + 1)), dtype=torch.long, device=self.device)
+        self.buffer[:, : self.prompt_len] = prompt
+        self.length = self.prompt_len
+        self.scores: list[torch.Tensor] = []
+        self.done = self.length >= request.max_length
+
+    @property
+    def sequence(self) -> torch.Tensor:
+        """``[1, length]``: the prompt and every committed token (a view)."""
+        return self.buffer[:, : self.length]
+
+    @property
+    def context(self) -> torch.Tensor:
+        """1D: every committed token, the next root last (a view)."""
+        return self.buffer[0, : self.length]
+
+    @property
+    def cached(self) -> int:
+        """Tokens in the KV cache: every committed one but the root."""
+        return self.length - 1
+
+    def layout(self, tree: TokenTree, num_masks: int, pad_to: int = 0, owners: np.ndarray | None = None) -> TreeLayout:
+        return self.parts.layouts.layout(tree, num_masks, pad_to, owners)
+
+    def embed_tokens(self, tokens) -> torch.Tensor:
+        return self.parts.embed(torch.as_tensor(np.asarray(tokens), device=self.device))
+
+    def result(self) -> GenerateOutput:
+        self.stats.new_tokens = self.length - self.prompt_len
+        self.stats.choices = self.policy.choice_counts()
+        scores = tuple(self.scores) if self.request.output_scores else None
+        return GenerateOutput(self.sequence.clone(), self.stats, scores)

@@ -1,0 +1,7 @@
+"""The two transformers baselines every report measures beside the probe-mtp methods."""
+
+GREEDY = "generate"
+"""``model.generate(do_sample=False)``: the reference (tau = 1 by definition)."""
+HF_PLD = "hf-pld"
+"""transformers' own prompt lookup, ``model.generate(do_sample=False, prompt_lookup_num_tokens=10)``."""
+BASELINES = (GREEDY, HF_PLD)
