@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.model  # the notebook loads the embedded SmolLM2 in its own kernel
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "cosine_alignment.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "cosine_alignment.ipynb"
 FIGURES = ("cosine_by_layer.png", "hit_rate_vs_cosine.png", "mask_inits.png")
 
 

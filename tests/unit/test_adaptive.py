@@ -1,8 +1,7 @@
-"""The adaptive budget, model-free: tree cutting, size choice, calibration, the cost curve."""
+"""The adaptive budget, model-free: tree cutting, size choice, calibration (the cost curve itself
+is in test_cost.py)."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -10,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from probe_mtp.adaptive import AdaptiveBudget, DepthCalibration, FixedBudget, size_class
-from probe_mtp import cost
-from probe_mtp.cost import CostCurve, cost_curve_for, curve_key, curve_path, processor_name
+from probe_mtp.cost import CostCurve
 from probe_mtp.tree import TokenTree, best_order, choose_node_count, esp_layout, keep_nodes, pad_layout, path_monotone
 
 from tree_strategies import bfs_trees
@@ -65,59 +63,7 @@ def test_choose_node_count_maximises_tokens_per_second():
     assert choose_node_count(np.full(3, 0.5), cost, 1, allowed=lambda i: False) == (-1, 0.0)
 
 
-def test_cost_curve_interpolates_and_flags_the_small_size_trap():
-    c = CPU_CURVE
-    assert c.cost(1) == 57 and c.cost(12) == pytest.approx(84.0)
-    assert c.cost(128) == pytest.approx(174 + (174 - 117) / 32 * 64)
-    assert not c.is_efficient(2) and not c.is_efficient(3) and c.is_efficient(1)
-    assert c.is_efficient(4) and c.is_efficient(6)  # within 5% of the cheaper 8
-    assert c.is_efficient(8) and c.is_efficient(64)
-    assert c.speedup_bound(2.0, 32) == pytest.approx(2.0 * 57 / 117)
-    assert CostCurve.from_dict(json.loads(json.dumps(c.as_dict()))) == c
-    with pytest.raises(ValueError):
-        CostCurve((2, 4), (1.0, 2.0))
-    with pytest.raises(ValueError):
-        CostCurve((1, 4), (1.0, -2.0))
-
-
-# 128 tokens of context: 8 inputs cost 1.2x one; at 1024 they cost 2x (attention reads the cache)
-def test_cost_curve_times_of_the_output_layer_give_its_row_padding():
-    curve = CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2, 4, 16, 32), head_seconds=(1.0, 1.0, 3.0, 2.0, 2.5))
-    padding = curve.head_padding(20)
-    # 1 and 2 rows stay; 3-16 rows run on 16 (cheaper than 4); 17-20 rows: nothing measured there
-    assert padding.tolist() == [0, 1, 2] + [16] * 14 + [17, 18, 19, 20]
-    assert curve.head_padding(10).tolist() == [0, 1, 2, 4, 4] + list(range(5, 11))  # capped at 10 rows
-    assert CostCurve((1, 8), (1.0, 2.0)).head_padding(5).tolist() == list(range(6))  # no timings: as wanted
-    assert CostCurve.from_dict(curve.as_dict()) == curve
-    assert "output layer by rows" in str(curve)
-    with pytest.raises(ValueError, match="head_rows and head_seconds"):
-        CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2))
-    with pytest.raises(ValueError, match="increasing"):
-        CostCurve((1, 8), (1.0, 2.0), head_rows=(2, 1), head_seconds=(1.0, 1.0))
-    with pytest.raises(ValueError, match="positive"):
-        CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2), head_seconds=(1.0, 0.0))
-
-
 LONG_CURVE = CostCurve((1, 8, 32), (10.0, 12.0, 20.0), 128, "toy", 1024, (12.0, 24.0, 60.0))
-
-
-def test_cost_curve_follows_the_context_along_a_line():
-    c = LONG_CURVE
-    assert c.cost(8) == 12.0 and c.cost(8, 128) == 12.0 and c.cost(8, 1024) == 24.0
-    assert c.cost(8, 576) == pytest.approx(18.0)  # halfway
-    assert c.cost(8, 1920) == pytest.approx(36.0)  # beyond: along the same line
-    assert c.cost(8, 0) == pytest.approx(12.0 - 128 * 12 / 896) and c.cost(32, 0) >= 10.0  # floor: half
-    assert c.relative(32, 1024) == pytest.approx(5.0) and c.relative(32, 128) == pytest.approx(2.0)
-    assert c.speedup_bound(3.0, 8, 1024) == pytest.approx(1.5)
-    assert CPU_CURVE.cost(8, 5000) == CPU_CURVE.cost(8)  # a one-row curve has no context term
-    assert CostCurve.from_dict(json.loads(json.dumps(c.as_dict()))) == c
-    assert "context 1024" in str(c)
-    with pytest.raises(ValueError, match="both"):
-        CostCurve((1, 8), (1.0, 2.0), 128, "", 1024, None)
-    with pytest.raises(ValueError, match="exceed"):
-        CostCurve((1, 8), (1.0, 2.0), 128, "", 64, (1.0, 2.0))
-    with pytest.raises(ValueError, match="one time per size"):
-        CostCurve((1, 8), (1.0, 2.0), 128, "", 1024, (1.0,))
 
 
 def test_adaptive_budget_verifies_smaller_trees_deep_into_a_long_context():
@@ -276,26 +222,6 @@ def test_fixed_budget_keeps_the_tree():
     tree = esp_like_tree([0.1, 0.1])
     plan = FixedBudget(2).plan(tree)
     assert plan.tree is tree and plan.num_masks == 2
-
-
-def test_cost_curve_disk_cache(tmp_path, monkeypatch, smollm2):
-    model, _ = smollm2
-    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path))
-    curve = cost_curve_for(model)
-    path = curve_path(model)
-    assert path.is_file() and path.parent == tmp_path
-    assert curve.sizes[0] == 1 and all(s > 0 for s in curve.seconds)
-    # a second call reads the file instead of measuring
-    data = json.loads(path.read_text())
-    data["curve"]["seconds"] = [1.0 + i for i in range(len(curve.sizes))]
-    path.write_text(json.dumps(data))
-    assert cost_curve_for(model).seconds[0] == 1.0
-    # use_disk=False neither reads nor writes
-    assert cost_curve_for(model, use_disk=False).seconds[0] != 1.0
-    # a machine with another processor (a shared home directory) keeps its own curve
-    assert curve_key(model)["processor"] == processor_name() != ""
-    monkeypatch.setattr(cost, "processor_name", lambda: "another processor")
-    assert curve_path(model) != path
 
 
 @FAST

@@ -1,0 +1,28 @@
+"""The cost curve measured on SmolLM2 and its disk cache (one file per model and processor)."""
+
+from __future__ import annotations
+
+import json
+
+from probe_mtp import cost
+from probe_mtp.cost import cost_curve_for, curve_key, curve_path, processor_name
+
+
+def test_cost_curve_disk_cache(tmp_path, monkeypatch, smollm2):
+    model, _ = smollm2
+    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path))
+    curve = cost_curve_for(model)
+    path = curve_path(model)
+    assert path.is_file() and path.parent == tmp_path
+    assert curve.sizes[0] == 1 and all(s > 0 for s in curve.seconds)
+    # a second call reads the file instead of measuring
+    data = json.loads(path.read_text())
+    data["curve"]["seconds"] = [1.0 + i for i in range(len(curve.sizes))]
+    path.write_text(json.dumps(data))
+    assert cost_curve_for(model).seconds[0] == 1.0
+    # use_disk=False neither reads nor writes
+    assert cost_curve_for(model, use_disk=False).seconds[0] != 1.0
+    # a machine with another processor (a shared home directory) keeps its own curve
+    assert curve_key(model)["processor"] == processor_name() != ""
+    monkeypatch.setattr(cost, "processor_name", lambda: "another processor")
+    assert curve_path(model) != path

@@ -1,0 +1,106 @@
+"""``probe-mtp report`` end to end on SmolLM2: through the real argument parser, with tuned masks
+and ConfAdapt, as the installed command, and the memory measurement of one generation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from probe_mtp.cli import build_parser
+from probe_mtp.report import GREEDY, HF_PLD
+from probe_mtp.report.cli import cmd_report
+
+from report_schema import check_schema
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_report_end_to_end(smollm2, tmp_path, capsys):
+    """2 prompts, 16 new tokens, esp and the two baselines, through the real argument parser."""
+    out = tmp_path / "rep"
+    args = build_parser().parse_args(
+        ["report", "--tasks", "qa,math_reasoning", "--limit", "1", "--max-new-tokens", "16", "--methods", "esp",
+         "--warmup-tokens", "4", "--out", str(out), "--no-progress"]
+    )
+    assert cmd_report(args, loaded=smollm2) == 0
+    printed = capsys.readouterr().out
+    assert "probe-mtp report" in printed and "esp BC=30" in printed and "overall" in printed
+    for name in ("report.json", "records.csv", "summary.md", "tau_per_task.png", "speedup_per_task.png",
+                 "accepted_lengths.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    doc = json.loads((out / "report.json").read_text())
+    check_schema(doc)
+    assert doc["settings"]["warmup_tokens"] == 4 and doc["settings"]["tasks"] == ["qa", "math_reasoning"]
+    recs = doc["records"]
+    assert len(recs) == 2 * 3
+    assert {r["task"] for r in recs} == {"qa", "math_reasoning"}
+    assert all(r["identical_to_greedy"] for r in recs)  # fp32: every method is lossless
+    for r in recs:
+        assert r["new_tokens"] <= 16 and r["seconds"] > 0
+        assert r["accepted_lengths"] is None or sum(r["accepted_lengths"]) == r["new_tokens"] - r["first_pass_tokens"]
+    greedy = [r for r in recs if r["label"] == GREEDY]
+    assert all(r["forward_passes"] == r["new_tokens"] and r["mean_accepted_length"] in (1.0, None) for r in greedy)
+    esp = [r for r in recs if r["method"] == "esp"]
+    assert all(r["budget"] == 30 and r["num_masks"] == 1 and r["prefill_seconds"] is not None for r in esp)
+    assert sorted(r["order"] for r in recs if r["question_id"] == recs[0]["question_id"]) == [0, 1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.model  # loads the embedded SmolLM2 in its own process, not through the fixture
+def test_console_script_end_to_end(tmp_path):
+    """The installed command, as a user runs it (loads the model itself)."""
+    out = tmp_path / "rep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "probe_mtp.cli", "report", "--tasks", "qa", "--limit", "2", "--max-new-tokens", "16",
+         "--methods", "esp", "--out", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "overall" in proc.stdout
+    check_schema(json.loads((out / "report.json").read_text()))
+
+
+def test_report_with_tuned_masks_and_confadapt(smollm2, tmp_path):
+    """--masks (twice) x --acceptance verify,confadapt: four esp variants next to the baselines; the
+    lossless ones agree with greedy, ConfAdapt at threshold 0 emits its masks at prefill."""
+    import torch
+
+    from probe_mtp.tuned_masks import ModelIdentity, TunedMasks
+
+    identity = ModelIdentity.of(smollm2[0])
+    h = identity.hidden_size
+    path = TunedMasks(torch.zeros(h), torch.zeros(1, h), "relative", identity, {}).save(tmp_path / "zero" / "masks.safetensors")
+    out = tmp_path / "rep"
+    args = build_parser().parse_args(
+        ["report", "--tasks", "qa", "--limit", "1", "--max-new-tokens", "12", "--methods", "esp", "--masks", "prompt_mean",
+         "--masks", str(path), "--acceptance", "verify,confadapt", "--threshold", "0", "--warmup-tokens", "2",
+         "--out", str(out), "--no-progress", "--no-plots"]
+    )
+    assert cmd_report(args, loaded=smollm2) == 0
+    doc = json.loads((out / "report.json").read_text())
+    check_schema(doc)
+    assert doc["methods"] == [GREEDY, HF_PLD, "esp BC=30", "esp BC=30 confadapt@0", "esp BC=30 tuned:zero",
+                              "esp BC=30 tuned:zero confadapt@0"]
+    by_label = {r["label"]: r for r in doc["records"]}
+    for label in ("esp BC=30", "esp BC=30 tuned:zero"):
+        assert by_label[label]["identical_to_greedy"] and by_label[label]["agreement"] == 1.0
+    for label in ("esp BC=30 confadapt@0", "esp BC=30 tuned:zero confadapt@0"):
+        r = by_label[label]
+        assert r["acceptance"] == "confadapt" and r["first_pass_tokens"] == 2  # verified token + mask 1
+        assert 0.0 <= r["agreement"] <= 1.0
+    assert by_label["esp BC=30 tuned:zero"]["masks"] == str(path)
+    assert "Agreement with greedy per task" in (out / "summary.md").read_text()
+
+
+def test_memory_measurement_of_one_generation(smollm2):
+    from probe_mtp.report.memory import MKL_CACHE_SWITCH, measure
+
+    for method in ("generate", "hybrid"):
+        r = measure("smollm2-135m", method, tokens=12, threads=None, loaded=smollm2)
+        assert r["method"] == method and r["new_tokens"] == 12 and r["samples"] >= 1
+        assert r["peak_mb"] >= r["rss_before_mb"] > 0 and MKL_CACHE_SWITCH in r
+        assert abs(r["floor_growth_mb"]) <= r["peak_mb"]  # a difference of two resident sizes

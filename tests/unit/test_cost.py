@@ -1,0 +1,106 @@
+"""The cost curve (probe_mtp.cost): interpolation and the small-size trap, the output layer's row
+padding, the context line, and measurement on tiny random-weight models at a context beyond the
+sliding window (the disk cache on the real model is in tests/models/test_cost_on_smollm2.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import Gemma3TextConfig, LlamaConfig
+from transformers import Gemma3ForCausalLM, LlamaForCausalLM
+
+from probe_mtp.cost import CostCurve, measure_cost_curve
+from probe_mtp.head import SplitHead
+
+# the shape of a 2-core CPU's curve for SmolLM2 (ms): 2 inputs cost more than 4
+CPU_CURVE = CostCurve.from_mapping({1: 57, 2: 91, 4: 80, 8: 78, 16: 90, 32: 117, 64: 174})
+
+
+def test_cost_curve_interpolates_and_flags_the_small_size_trap():
+    c = CPU_CURVE
+    assert c.cost(1) == 57 and c.cost(12) == pytest.approx(84.0)
+    assert c.cost(128) == pytest.approx(174 + (174 - 117) / 32 * 64)
+    assert not c.is_efficient(2) and not c.is_efficient(3) and c.is_efficient(1)
+    assert c.is_efficient(4) and c.is_efficient(6)  # within 5% of the cheaper 8
+    assert c.is_efficient(8) and c.is_efficient(64)
+    assert c.speedup_bound(2.0, 32) == pytest.approx(2.0 * 57 / 117)
+    assert CostCurve.from_dict(json.loads(json.dumps(c.as_dict()))) == c
+    with pytest.raises(ValueError):
+        CostCurve((2, 4), (1.0, 2.0))
+    with pytest.raises(ValueError):
+        CostCurve((1, 4), (1.0, -2.0))
+
+
+# 128 tokens of context: 8 inputs cost 1.2x one; at 1024 they cost 2x (attention reads the cache)
+def test_cost_curve_times_of_the_output_layer_give_its_row_padding():
+    curve = CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2, 4, 16, 32), head_seconds=(1.0, 1.0, 3.0, 2.0, 2.5))
+    padding = curve.head_padding(20)
+    # 1 and 2 rows stay; 3-16 rows run on 16 (cheaper than 4); 17-20 rows: nothing measured there
+    assert padding.tolist() == [0, 1, 2] + [16] * 14 + [17, 18, 19, 20]
+    assert curve.head_padding(10).tolist() == [0, 1, 2, 4, 4] + list(range(5, 11))  # capped at 10 rows
+    assert CostCurve((1, 8), (1.0, 2.0)).head_padding(5).tolist() == list(range(6))  # no timings: as wanted
+    assert CostCurve.from_dict(curve.as_dict()) == curve
+    assert "output layer by rows" in str(curve)
+    with pytest.raises(ValueError, match="head_rows and head_seconds"):
+        CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2))
+    with pytest.raises(ValueError, match="increasing"):
+        CostCurve((1, 8), (1.0, 2.0), head_rows=(2, 1), head_seconds=(1.0, 1.0))
+    with pytest.raises(ValueError, match="positive"):
+        CostCurve((1, 8), (1.0, 2.0), head_rows=(1, 2), head_seconds=(1.0, 0.0))
+
+
+LONG_CURVE = CostCurve((1, 8, 32), (10.0, 12.0, 20.0), 128, "toy", 1024, (12.0, 24.0, 60.0))
+
+
+def test_cost_curve_follows_the_context_along_a_line():
+    c = LONG_CURVE
+    assert c.cost(8) == 12.0 and c.cost(8, 128) == 12.0 and c.cost(8, 1024) == 24.0
+    assert c.cost(8, 576) == pytest.approx(18.0)  # halfway
+    assert c.cost(8, 1920) == pytest.approx(36.0)  # beyond: along the same line
+    assert c.cost(8, 0) == pytest.approx(12.0 - 128 * 12 / 896) and c.cost(32, 0) >= 10.0  # floor: half
+    assert c.relative(32, 1024) == pytest.approx(5.0) and c.relative(32, 128) == pytest.approx(2.0)
+    assert c.speedup_bound(3.0, 8, 1024) == pytest.approx(1.5)
+    assert CPU_CURVE.cost(8, 5000) == CPU_CURVE.cost(8)  # a one-row curve has no context term
+    assert CostCurve.from_dict(json.loads(json.dumps(c.as_dict()))) == c
+    assert "context 1024" in str(c)
+    with pytest.raises(ValueError, match="both"):
+        CostCurve((1, 8), (1.0, 2.0), 128, "", 1024, None)
+    with pytest.raises(ValueError, match="exceed"):
+        CostCurve((1, 8), (1.0, 2.0), 128, "", 64, (1.0, 2.0))
+    with pytest.raises(ValueError, match="one time per size"):
+        CostCurve((1, 8), (1.0, 2.0), 128, "", 1024, (1.0,))
+
+
+def _tiny_llama(attn: str):
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=16, max_position_embeddings=256,
+                         attn_implementation=attn, bos_token_id=0, eos_token_id=15, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def _tiny_gemma(attn: str):
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=16, intermediate_size=64, vocab_size=16, sliding_window=8,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              max_position_embeddings=256, attn_implementation=attn,
+                              bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("make", [_tiny_llama, _tiny_gemma], ids=["llama", "gemma3-sliding"])
+def test_cost_curve_is_measured_at_a_context_beyond_the_sliding_window(make):
+    model = make("sdpa")
+    curve = measure_cost_curve(model, sizes=(1, 2, 4), context=16, rounds=1, long_context=64)  # window: 8
+    assert curve.long_context == 64 and len(curve.long_seconds) == 3
+    assert curve.cost(4, 200) > 0 and curve.head_rows is None
+    # with the split head: the output layer timed alone, the passes run with it padded
+    head = SplitHead(model)
+    assert head.usable
+    timed = measure_cost_curve(model, sizes=(1, 2, 4), context=16, rounds=1, long_context=64, head=head, head_rows=(1, 3, 8))
+    assert timed.head_rows == (1, 3, 8) and all(s > 0 for s in timed.head_seconds) and timed.cost(4, 200) > 0
+    # no room for a long context within the model's positions: one row
+    assert measure_cost_curve(model, sizes=(1, 2), context=130, rounds=1, long_context=1024).long_seconds is None
