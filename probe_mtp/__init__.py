@@ -3,7 +3,7 @@
 from .config import ProbeConfig
 from .decoder import ProbeDecoder
 from .stats import DecodeStats, GenerateOutput
-from .generate import custom_generate, generate
+from .generate import custom_generate, decoder_for, generate
 from .loading import EMBEDDED_MODELS, load_model
 from .version import __version__
 
@@ -14,6 +14,7 @@ __all__ = [
     "GenerateOutput",
     "generate",
     "custom_generate",
+    "decoder_for",
     "load_model",
     "EMBEDDED_MODELS",
 ]

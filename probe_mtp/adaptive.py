@@ -28,7 +28,7 @@ verification accepts, so decoding stays lossless.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -136,6 +136,41 @@ class DepthCalibration:
         self.accepted[1 : min(accepted_depth, top) + 1] += 1.0
 
 
+@dataclass
+class BudgetState:
+    """What the adaptive budget learns, kept across requests by the decoder's drafting memory:
+    acceptance per depth, the running scale of real passes against the curve, each size class's
+    factor, and the step overhead (in seconds and in the curve's units)."""
+
+    calibration: DepthCalibration = field(default_factory=DepthCalibration)
+    size_factors: np.ndarray = field(default_factory=lambda: np.ones(SIZE_CLASSES))
+    scale: float | None = None  # running mean of real forward time / curve time
+    overhead_seconds: float = 0.0
+    step_overhead: float = 0.0  # running mean, in the curve's units (added to every pass)
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "accepted": self.calibration.accepted.copy(),
+            "score_sum": self.calibration.score_sum.copy(),
+            "size_factors": self.size_factors.copy(),
+            "timings": np.array([np.nan if self.scale is None else self.scale, self.overhead_seconds, self.step_overhead]),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "BudgetState":
+        state = cls()
+        for name, target in (("accepted", state.calibration.accepted), ("score_sum", state.calibration.score_sum),
+                             ("size_factors", state.size_factors)):
+            value = np.asarray(arrays[name], dtype=np.float64)
+            if value.shape != target.shape or not np.all(np.isfinite(value)) or np.any(value < 0):
+                raise ValueError(f"budget state {name!r} has shape {value.shape}, expected {target.shape}, non-negative")
+            target[:] = value
+        scale, overhead, step = (float(x) for x in np.asarray(arrays["timings"], dtype=np.float64).reshape(3))
+        state.scale = None if not np.isfinite(scale) else scale
+        state.overhead_seconds, state.step_overhead = overhead, step
+        return state
+
+
 class AdaptiveBudget(BudgetPolicy):
     """Chooses each step's tree size and masks from a cost curve and running acceptance stats.
 
@@ -145,30 +180,46 @@ class AdaptiveBudget(BudgetPolicy):
     and ``mask_nodes``: the drafter puts its masks on ``mask_nodes`` nodes only, the ones
     ``mask_owners`` names (None: on every node)."""
 
-    def __init__(self, curve: CostCurve, num_masks: int, max_inputs: int, mask_free=None, mask_owners=None, mask_nodes=None):
+    def __init__(self, curve: CostCurve, num_masks: int, max_inputs: int, mask_free=None, mask_owners=None, mask_nodes=None,
+                 state: BudgetState | None = None):
+        self.state = state if state is not None else BudgetState()
         self.k = int(num_masks)
         self.mask_owners = mask_owners
         self.mask_nodes = None if mask_owners is None else mask_nodes
         self.max_inputs = int(max_inputs)
         self.curve = curve
         self._tables: dict[int | None, tuple[np.ndarray, np.ndarray]] = {}
-        self.size_factors = np.ones(SIZE_CLASSES)  # per size class: its passes' scale / the scale
         self._classes = np.array([0] + [size_class(n) for n in range(1, self.max_inputs + 1)])
         self._use_context(None)
-        self.calibration = DepthCalibration()
         self.mask_free = mask_free
         self.free_steps = 0
         self.backoff = 1
         self.choices = {"mask": 0, "free": 0, "probe": 0}
-        self.step_overhead = 0.0  # running mean, in the curve's units (added to every pass)
-        self._scale: float | None = None  # running mean of real forward time / curve time
-        self._overhead_seconds = 0.0
 
     @classmethod
-    def for_drafter(cls, curve: CostCurve, drafter: Drafter, max_inputs: int) -> "AdaptiveBudget":
-        """The policy for ``drafter``'s trees: its masks, their owners and its mask-free proposals."""
+    def for_drafter(cls, curve: CostCurve, drafter: Drafter, max_inputs: int,
+                    state: BudgetState | None = None) -> "AdaptiveBudget":
+        """The policy for ``drafter``'s trees: its masks, their owners and its mask-free proposals;
+        ``state``: what earlier requests learnt (None: start from scratch)."""
         return cls(curve, drafter.num_masks, max_inputs, mask_free=drafter.mask_free_nodes,
-                   mask_owners=drafter.mask_owners, mask_nodes=drafter.mask_nodes)
+                   mask_owners=drafter.mask_owners, mask_nodes=drafter.mask_nodes, state=state)
+
+    # the learnt parts live in the state (shared across requests)
+    @property
+    def calibration(self) -> DepthCalibration:
+        return self.state.calibration
+
+    @property
+    def size_factors(self) -> np.ndarray:
+        return self.state.size_factors
+
+    @property
+    def step_overhead(self) -> float:
+        return self.state.step_overhead
+
+    @step_overhead.setter
+    def step_overhead(self, value: float) -> None:
+        self.state.step_overhead = float(value)
 
     def choice_counts(self) -> dict:
         return dict(self.choices)
@@ -210,16 +261,17 @@ class AdaptiveBudget(BudgetPolicy):
         predicted = self.curve.cost(int(inputs), int(context))  # a one-row curve ignores the context
         ratio = forward_seconds / predicted
         overhead = step_seconds - forward_seconds
-        if self._scale is None:
-            self._scale, self._overhead_seconds = ratio, overhead
+        st = self.state
+        if st.scale is None:
+            st.scale, st.overhead_seconds = ratio, overhead
         else:
-            self._scale = TIMING_DECAY * self._scale + (1 - TIMING_DECAY) * ratio
-            self._overhead_seconds = TIMING_DECAY * self._overhead_seconds + (1 - TIMING_DECAY) * overhead
-        self.step_overhead = self._overhead_seconds / self._scale
+            st.scale = TIMING_DECAY * st.scale + (1 - TIMING_DECAY) * ratio
+            st.overhead_seconds = TIMING_DECAY * st.overhead_seconds + (1 - TIMING_DECAY) * overhead
+        st.step_overhead = st.overhead_seconds / st.scale
         # the size class's factor moves only when one of its passes is seen (a class seldom used
         # keeps what it learnt: how a size strays from the curve is the machine's, not the phase's)
         c = size_class(inputs)
-        self.size_factors[c] = TIMING_DECAY * self.size_factors[c] + (1 - TIMING_DECAY) * ratio / self._scale
+        self.size_factors[c] = TIMING_DECAY * self.size_factors[c] + (1 - TIMING_DECAY) * ratio / st.scale
         self._price()
 
     def score_floor(self) -> float:

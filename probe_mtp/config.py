@@ -19,6 +19,7 @@ from .tree import min_block_complexity
 MASK_INITS = ("prompt_mean", "last_k", "sample", "token")
 SAMPLING_RULES = ("match", "rejection")
 ACCEPTANCE_RULES = ("verify", "confadapt")
+UNTUNED_MASKS = ("untuned", "prompt_mean")  # masks= values that mean: the mask_init vectors
 
 
 def parse_budget(text: str) -> int | str:
@@ -102,10 +103,11 @@ class ProbeConfig:
         choices=SAMPLING_RULES,
     )
     masks: object = knob(
-        None,
-        "Tuned mask vectors instead of mask_init: a file written by `probe-mtp tune-masks`, 'bundled' (the "
-        "vectors shipped for the loaded model) or a TunedMasks; still lossless. Vectors of another model are "
-        "refused.",
+        "auto",
+        "Tuned mask vectors: 'auto' (the vectors shipped for the loaded model when there are some for it and "
+        "mask_init is 'prompt_mean', else the untuned mask_init), 'untuned' (always mask_init; 'prompt_mean' "
+        "says the same), 'bundled' (the shipped vectors, an error when none fit), a file written by `probe-mtp "
+        "tune-masks`, or a TunedMasks. Lossless whichever; vectors of another model are refused.",
         sweep=True,
         cli_type=str,
     )

@@ -10,12 +10,16 @@ it means in transformers.
 
 from __future__ import annotations
 
+import threading
+import warnings
+from pathlib import Path
+
 import torch
 
 from .acceptance import acceptance_rule
 from .adaptive import AdaptiveBudget, BudgetPolicy, FixedBudget
 from .confadapt import ConfAdapt
-from .config import ProbeConfig
+from .config import UNTUNED_MASKS, ProbeConfig
 from .cost import CostCurve, cost_curve_for
 from .drafters import Drafter, make_drafter
 from .generation import Generation, Parts
@@ -35,22 +39,39 @@ from .request import (
 from .stats import DecodeStats, GenerateOutput
 from .step import LOSSLESS, Strategy, run
 from .tree import LayoutCache, min_block_complexity
-from .tuned_masks import TunedMaskStore
+from .memory import DEFAULT_MEMORY_MB, DraftingMemory, MemoryFileError
+from .tuned_masks import AUTO_MASKS, TunedMasks, TunedMaskStore, masks_label
 
 LAYOUT_CACHE_SIZE = 256
 # the KV cache is reserved for the prompt plus at most this many new tokens (then it grows)
 RESERVE_AHEAD = 4096
 
 
+class MemoryFileWarning(UserWarning):
+    """A memory file given to ``ProbeDecoder(memory=PATH)`` could not be used: the decoder starts cold."""
+
+
 class ProbeDecoder:
     """probe-mtp decoding for one model.  ``config`` / ``knobs``: the default
     :class:`~probe_mtp.config.ProbeConfig` of its requests (each ``generate`` call may override
-    any knob).  Per-generation state (cache, masks, drafter) lives in one request only."""
+    any knob).  Per-generation state (cache, mask vectors) lives in one request only.
 
-    def __init__(self, model, tokenizer=None, config: ProbeConfig | None = None, **knobs):
+    ``memory``: the drafting memory shared by every request (:mod:`probe_mtp.memory`): ``True``
+    (default: start empty and learn), ``False`` (every request starts cold) or the path of a file
+    written by :meth:`save_memory` (a file that does not fit this model is refused with a warning
+    and the decoder starts cold).  ``memory_mb`` caps it.
+
+    Thread safety: requests on one decoder run one at a time (a lock), so two threads may share a
+    decoder; for parallel decoding give each thread its own decoder (and model copy)."""
+
+    def __init__(self, model, tokenizer=None, config: ProbeConfig | None = None, *, memory: bool | str | Path = True,
+                 memory_mb: float = DEFAULT_MEMORY_MB, **knobs):
         self.model = model
         self.tokenizer = tokenizer
         self.config = ProbeConfig.from_kwargs(config, **knobs)
+        self._lock = threading.RLock()
+        self.memory_mb = memory_mb
+        self.memory = self._initial_memory(memory)
         self.fmt = AttentionFormat.for_model(model)
         self.embed = model.get_input_embeddings()
         self.layouts = LayoutCache(LAYOUT_CACHE_SIZE)
@@ -59,7 +80,46 @@ class ProbeDecoder:
         self._cost_curves: dict[bool, CostCurve] = {}
         self._weight_bytes: int | None = None
         self._tuned = TunedMaskStore(model)
+        self._auto_tuned: dict[int, TunedMasks | None] = {}
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
+
+    # ------------------------------------------------------------------ drafting memory
+    def _initial_memory(self, memory) -> DraftingMemory | None:
+        if isinstance(memory, bool):
+            return DraftingMemory.for_model(self.model, self.tokenizer, self.memory_mb) if memory else None
+        if not isinstance(memory, (str, Path)):
+            raise TypeError(f"memory must be True, False or the path of a saved memory, got {type(memory).__name__}")
+        fresh = DraftingMemory.for_model(self.model, self.tokenizer, self.memory_mb)
+        try:
+            return self._read_memory(memory, fresh)
+        except MemoryFileError as exc:
+            warnings.warn(f"{exc}; starting with an empty drafting memory", MemoryFileWarning, stacklevel=3)
+            return fresh
+
+    def _read_memory(self, path, fresh: DraftingMemory) -> DraftingMemory:
+        return DraftingMemory.load(path, fresh.identity, fresh.tokenizer, max_bytes=fresh.max_bytes)
+
+    def load_memory(self, path: str | Path) -> None:
+        """Replace the drafting memory by one saved with :meth:`save_memory`.  A file that is not a
+        memory of this model (another model or tokenizer, damaged, another format) raises
+        :class:`~probe_mtp.memory.MemoryFileError` and leaves the decoder as it was."""
+        fresh = DraftingMemory.for_model(self.model, self.tokenizer, self.memory_mb)
+        loaded = self._read_memory(path, fresh)
+        with self._lock:
+            self.memory = loaded
+
+    def save_memory(self, path: str | Path) -> Path:
+        """Write the drafting memory to ``path`` (safetensors; see :mod:`probe_mtp.memory`)."""
+        if self.memory is None:
+            raise ValueError("this decoder keeps no drafting memory (memory=False)")
+        with self._lock:
+            return self.memory.save(path)
+
+    def reset_memory(self) -> None:
+        """Forget what earlier requests taught the drafters (the next request starts cold)."""
+        with self._lock:
+            if self.memory is not None:
+                self.memory.reset()
 
     # ------------------------------------------------------------------ entry points
     def generate(self, input_ids: torch.Tensor | None = None, *, streamer=None, **kwargs):
@@ -97,33 +157,42 @@ class ProbeDecoder:
 
     @torch.no_grad()
     def decode(self, request: DecodeRequest) -> GenerateOutput:
-        """Run one generation; ``request.prompt`` is ``[1, P]`` without padding."""
-        generation, strategy = self.start(request)
-        return run(generation, strategy)
+        """Run one generation; ``request.prompt`` is ``[1, P]`` without padding.  Afterwards the
+        prompt and its output join the drafting memory's corpus."""
+        with self._lock:
+            generation, strategy = self.start(request)
+            out = run(generation, strategy)
+            if self.memory is not None:
+                self.memory.remember(generation.context.cpu().numpy())
+            return out
 
     def start(self, request: DecodeRequest) -> tuple[Generation, Strategy]:
         """The state of a new generation for ``request`` and how to decode it (the lossless
         strategy, or ConfAdapt's when asked for)."""
         config = request.config
         drafter = request.drafter if request.drafter is not None else make_drafter(config)
+        memory = self.memory if self.memory is not None else DraftingMemory(self._cold_bytes())
+        drafter.attach_memory(memory)
         lossy = config.acceptance == "confadapt"
         if lossy and request.do_sample:
             raise ValueError("acceptance='confadapt' is a greedy rule; use do_sample=False (or acceptance='verify')")
         k = drafter.num_masks
         prompt = request.prompt.to(self.model.device)
-        masks = self.mask_vectors(config, prompt[0], k) if k else None
+        tuned = self.tuned_masks(config, k) if k else None
+        masks = self.mask_vectors(config, prompt[0], k, tuned) if k else None
         # room for the whole generation and one more pass (a longer one grows the buffer once)
         reserve = min(request.max_length, prompt.shape[1] + RESERVE_AHEAD) + config.max_budget
         cache = new_cache(self.model, capacity=reserve)
         start_recording(cache)
         accept = acceptance_rule(request.do_sample, config.sampling_rule, request.processors, request.generator,
                                  drafter, self.model.device)
-        policy = self.budget_policy(config, drafter, fixed=lossy or accept.needs_whole_tree)
+        policy = self.budget_policy(config, drafter, fixed=lossy or accept.needs_whole_tree, memory=memory)
         head = self.split_head if self.split_head.usable else None
         # rows to run the output layer on, per rows wanted: the cheapest measured count (auto budget)
         padding = policy.head_padding(self.widest_pass(config)) if head is not None else None
         parts = Parts(self.model, self.embed, self.fmt, OutputLayer(self.model, head, padding), self.layouts)
-        stats = DecodeStats(method=drafter.name, budget=config.budget, num_masks=k)
+        stats = DecodeStats(method=drafter.name, budget=config.budget, num_masks=k,
+                            masks=masks_label(config, tuned) if k else "", memory="cold" if self.memory is None else "warm")
         generation = Generation(parts, request, drafter, policy, accept, masks, cache, stats)
         return generation, (ConfAdapt(config.threshold).strategy() if lossy else LOSSLESS)
 
@@ -154,12 +223,21 @@ class ProbeDecoder:
             self._cost_curves[key] = cost_curve_for(self.model, use_disk=key, head=head)
         return self._cost_curves[key]
 
-    def budget_policy(self, config: ProbeConfig, drafter: Drafter, fixed: bool = False) -> BudgetPolicy:
-        """The adaptive budget for ``budget="auto"``; the drafter's whole tree otherwise, and with
-        ``fixed`` (ConfAdapt reads every step's masks; recursive rejection needs the drawn tree)."""
+    def budget_policy(self, config: ProbeConfig, drafter: Drafter, fixed: bool = False,
+                      memory: DraftingMemory | None = None) -> BudgetPolicy:
+        """The adaptive budget for ``budget="auto"`` (starting from what ``memory`` learnt for this
+        drafter); the drafter's whole tree otherwise, and with ``fixed`` (ConfAdapt reads every
+        step's masks; recursive rejection needs the drawn tree)."""
         if not config.adaptive or fixed:
             return FixedBudget.for_drafter(drafter)
-        return AdaptiveBudget.for_drafter(self.cost_curve(config), drafter, self.widest_pass(config))
+        widest = self.widest_pass(config)
+        state = None
+        if memory is not None:
+            state = memory.budget_state(f"{drafter.name}/k{drafter.num_masks}/m{drafter.mask_nodes}/w{widest}")
+        return AdaptiveBudget.for_drafter(self.cost_curve(config), drafter, widest, state=state)
+
+    def _cold_bytes(self) -> int:
+        return int(self.memory_mb * (1 << 20))
 
     def widest_pass(self, config: ProbeConfig) -> int:
         """The most inputs ``budget="auto"`` may verify at once: ``max_budget``, lowered so that
@@ -178,9 +256,23 @@ class ProbeDecoder:
             self._embedding_stats = embedding_stats(self.embed, self.embed.num_embeddings)
         return self._embedding_stats
 
-    def mask_vectors(self, config: ProbeConfig, prompt: torch.Tensor, num_masks: int) -> MaskVectors:
-        """The k mask vectors of one generation: tuned (``config.masks``) or from ``mask_init``."""
-        if config.masks is not None:
-            return self._tuned.get(config.masks, num_masks).mask_vectors(self.embed, prompt, num_masks, config.mask_update)
+    def tuned_masks(self, config: ProbeConfig, num_masks: int) -> TunedMasks | None:
+        """The tuned vectors ``config.masks`` asks for (None: the untuned ``mask_init``)."""
+        choice = config.masks
+        if choice is None or (isinstance(choice, str) and choice in UNTUNED_MASKS):
+            return None
+        if isinstance(choice, str) and choice == AUTO_MASKS:
+            if config.mask_init != "prompt_mean":
+                return None
+            if num_masks not in self._auto_tuned:
+                self._auto_tuned[num_masks] = self._tuned.bundled_if_any(num_masks)
+            return self._auto_tuned[num_masks]
+        return self._tuned.get(choice, num_masks)
+
+    def mask_vectors(self, config: ProbeConfig, prompt: torch.Tensor, num_masks: int,
+                     tuned: TunedMasks | None = None) -> MaskVectors:
+        """The k mask vectors of one generation: ``tuned`` or from ``mask_init``."""
+        if tuned is not None:
+            return tuned.mask_vectors(self.embed, prompt, num_masks, config.mask_update)
         stats = self.embedding_stats() if config.mask_init == "sample" else None
         return config_mask_vectors(config, self.embed, prompt, num_masks, stats)

@@ -15,6 +15,19 @@ import torch
 from .decoder import ProbeDecoder
 from .request import with_probe_knobs
 
+DECODER_ATTRIBUTE = "_probe_mtp_decoder"
+
+
+def decoder_for(model, tokenizer=None) -> ProbeDecoder:
+    """The decoder :func:`generate` and :func:`custom_generate` use for ``model``: made on first use
+    and kept on the model object itself, so its drafting memory serves every later call, belongs to
+    that model only, and goes when the model goes (nothing is kept at module level)."""
+    found = model.__dict__.get(DECODER_ATTRIBUTE)
+    if not isinstance(found, ProbeDecoder) or found.model is not model:
+        found = ProbeDecoder(model, tokenizer)
+        model.__dict__[DECODER_ATTRIBUTE] = found
+    return found
+
 
 def generate(model, input_ids: torch.Tensor | None = None, *, decoder: ProbeDecoder | None = None, **kwargs):
     """Decode with probe-mtp; the same arguments and the same result as ``model.generate``.
@@ -33,14 +46,15 @@ def generate(model, input_ids: torch.Tensor | None = None, *, decoder: ProbeDeco
       :class:`~probe_mtp.drafters.Drafter` instance; ``acceptance="confadapt"`` is the opt-in
       LOSSY rule;
     - ``generator``: a ``torch.Generator`` for reproducible sampling (else the global seed);
-    - ``decoder``: a :class:`ProbeDecoder` to reuse across calls (cached layouts, statistics).
+    - ``decoder``: the :class:`ProbeDecoder` to use; by default the model's own (:func:`decoder_for`),
+      whose drafting memory learns from every call.
 
     With ``return_dict_in_generate=True`` the result has ``.sequences``, ``.stats`` (forward passes,
     accepted lengths, tau; see :class:`probe_mtp.stats.DecodeStats`) and ``.scores`` when
     ``output_scores=True``.
     """
     if decoder is None:
-        decoder = ProbeDecoder(model, kwargs.get("tokenizer"))
+        decoder = decoder_for(model, kwargs.get("tokenizer"))
     elif decoder.model is not model:
         raise ValueError("decoder= belongs to another model; build a ProbeDecoder per model")
     return decoder.generate(input_ids, **kwargs)
@@ -55,7 +69,8 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
     knob (:class:`~probe_mtp.config.ProbeConfig` fields) it was given.  On that path it keeps
     ``streamer`` and ``tokenizer`` to itself: pass ``probe_streamer=`` instead of ``streamer`` and
     a ``StopStringCriteria`` in ``stopping_criteria`` instead of ``stop_strings``, or use
-    :func:`probe_mtp.generate`, which does both for you.  ``probe_decoder``: a decoder to reuse.
+    :func:`probe_mtp.generate`, which does both for you.  ``probe_decoder``: the decoder to use
+    (default: the model's own, :func:`decoder_for`).
     """
-    decoder = probe_decoder if probe_decoder is not None else ProbeDecoder(model, kwargs.get("probe_tokenizer"))
+    decoder = probe_decoder if probe_decoder is not None else decoder_for(model, kwargs.get("probe_tokenizer"))
     return decoder.handle_prepared(model, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)

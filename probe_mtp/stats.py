@@ -33,6 +33,8 @@ class DecodeStats:
     num_masks: int = 0
     choices: dict = field(default_factory=dict)
     unverified_tokens: int = 0  # committed by acceptance="confadapt" without verification
+    masks: str = ""  # which mask vectors: "bundled:<name>", a tuned file's name, or the untuned mask_init
+    memory: str = ""  # "warm" (the decoder's drafting memory, shared across requests) or "cold"
 
     @property
     def mean_accepted_length(self) -> float:
@@ -68,6 +70,8 @@ class DecodeStats:
             "inputs_per_pass": list(self.inputs_per_pass),
             "choices": dict(self.choices),
             "unverified_tokens": self.unverified_tokens,
+            "masks": self.masks,
+            "memory": self.memory,
         }
 
 

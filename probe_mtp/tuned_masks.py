@@ -29,6 +29,8 @@ from .masks import MaskVectors, initial_mask_vectors
 FORMAT = "probe-mtp-masks/1"
 BUNDLED = "bundled"
 """``masks="bundled"``: the tuned vectors shipped in ``probe_mtp/data/masks`` for the loaded model."""
+AUTO_MASKS = "auto"
+"""``masks="auto"`` (the default): the shipped vectors when some fit the loaded model, else untuned."""
 MODES = ("absolute", "relative")
 FINGERPRINT_ROWS = 512  # embedding rows hashed (evenly spaced over the vocabulary)
 
@@ -231,3 +233,25 @@ class TunedMaskStore:
             self._loaded[key] = tuned
         tuned.check_num_masks(num_masks, source=key)
         return tuned
+
+    def bundled_if_any(self, num_masks: int) -> TunedMasks | None:
+        """The shipped vectors made for this model, when there are some with at least
+        ``num_masks`` slots; None otherwise."""
+        identity = ModelIdentity.of(self.model)
+        for path in bundled_files():
+            tuned = TunedMasks.load(path)
+            if tuned.identity.mismatch(identity) is None and tuned.num_masks >= num_masks:
+                return tuned
+        return None
+
+
+def masks_label(config, tuned: TunedMasks | None) -> str:
+    """Which vectors a generation used, for its statistics and the report."""
+    if tuned is None:
+        return f"untuned:{config.mask_init}"
+    choice = config.masks
+    if isinstance(choice, str) and choice in (AUTO_MASKS, BUNDLED):
+        return f"bundled:{tuned.identity.name}"
+    if isinstance(choice, TunedMasks):
+        return f"tuned:{tuned.identity.name}"
+    return f"tuned:{Path(str(choice)).stem}"

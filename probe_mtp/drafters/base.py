@@ -97,6 +97,10 @@ class Drafter(ABC):
         walk reads them too."""
         return 0
 
+    def attach_memory(self, memory) -> None:
+        """Share the decoder's drafting memory (:class:`probe_mtp.memory.DraftingMemory`), called
+        before :meth:`start`; a drafter that learns across requests keeps its learning there."""
+
     def start(self, prompt_ids: np.ndarray) -> None:
         """Reset per-generation state for a new prompt."""
 

@@ -8,8 +8,10 @@ Beta-smoothed rate
 
     p(cell) = (hits + strength * prior) / (trials + strength),
 
-which starts at the prior and follows the observed rate as evidence accumulates.  State lives in
-one instance per generation (reset by :meth:`reset`).
+which starts at the prior and follows the observed rate as evidence accumulates.  An instance
+lives for one generation, or across requests in the decoder's drafting memory; there
+``max_evidence`` bounds the trials a cell remembers (older evidence is scaled down, the rate kept),
+so a long-lived estimate still follows the text at hand.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class AcceptanceCalibrator:
     ``priors[source]`` gives the prior mean of each of the source's cells (its length is the
     number of cells); ``strength`` is the prior's weight in pseudo-proposals."""
 
-    def __init__(self, priors: Mapping[str, np.ndarray], strength: float = 4.0):
+    def __init__(self, priors: Mapping[str, np.ndarray], strength: float = 4.0, max_evidence: float | None = None):
         if strength <= 0:
             raise ValueError(f"strength must be > 0, got {strength!r}")
         self.priors = {}
@@ -36,6 +38,9 @@ class AcceptanceCalibrator:
             prior.setflags(write=False)
             self.priors[source] = prior
         self.strength = float(strength)
+        if max_evidence is not None and not max_evidence > 0:
+            raise ValueError(f"max_evidence must be None or > 0, got {max_evidence!r}")
+        self.max_evidence = max_evidence
         self.reset()
 
     def reset(self) -> None:
@@ -58,5 +63,28 @@ class AcceptanceCalibrator:
     def record(self, source: str, cells: np.ndarray, accepted: np.ndarray) -> None:
         """Count tested proposals of ``source`` (one per entry of ``cells``) and which were accepted."""
         cells = np.asarray(cells, dtype=np.int64)
-        np.add.at(self.trials[source], cells, 1.0)
-        np.add.at(self.hits[source], cells, np.asarray(accepted, dtype=np.float64))
+        trials, hits = self.trials[source], self.hits[source]
+        np.add.at(trials, cells, 1.0)
+        np.add.at(hits, cells, np.asarray(accepted, dtype=np.float64))
+        if self.max_evidence is not None:
+            over = trials > self.max_evidence
+            if over.any():
+                shrink = self.max_evidence / trials[over]
+                trials[over] *= shrink
+                hits[over] *= shrink
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        """``{source/hits, source/trials}`` (for saving)."""
+        out = {}
+        for s in self.priors:
+            out[f"{s}/hits"] = self.hits[s].copy()
+            out[f"{s}/trials"] = self.trials[s].copy()
+        return out
+
+    def load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """The counts saved by :meth:`as_arrays` (a ``ValueError`` when they do not fit the priors)."""
+        for s, prior in self.priors.items():
+            hits, trials = (np.asarray(arrays[f"{s}/{n}"], dtype=np.float64) for n in ("hits", "trials"))
+            if hits.shape != prior.shape or trials.shape != prior.shape or np.any(hits < 0) or np.any(hits > trials + 1e-9):
+                raise ValueError(f"calibration counts of {s!r} do not fit its {prior.size} cells")
+            self.hits[s], self.trials[s] = hits.copy(), trials.copy()

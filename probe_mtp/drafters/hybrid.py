@@ -15,9 +15,16 @@ from the root down to it):
   accepted node proposes the nodes at depth j.  Only that node's masks are ever read, so they are
   put on ``mask_nodes`` nodes (by default one: the root), not on every node; each mask costs one
   input of the budget.
+- ``corpus``: with the decoder's drafting memory (:mod:`probe_mtp.memory`), the tokens that followed
+  the longest match of the path (any length) in earlier requests' prompts and outputs, when that
+  match is at least ``CORPUS_MIN_MATCH`` tokens and few tokens ever followed it.
+
+With a drafting memory attached (:meth:`HybridDrafter.attach_memory`), the successor table and the
+calibration are the memory's and outlive the request; without one, each request starts afresh.
 
 Each proposal falls into a *cell* of its source (successor: key length x stored probability;
-context: match length x vote share; mask: depth x mask probability).  An online
+context: match length x vote share; mask: depth x mask probability; corpus: match length x one or
+several continuations).  An online
 :class:`~probe_mtp.drafters.calibration.AcceptanceCalibrator` estimates, per cell, how often such
 proposals were accepted once their parent was: after every pass, all proposals made at the nodes
 of the accepted path are scored against the token the verifier chose there (also those that did
@@ -46,8 +53,8 @@ from .calibration import AcceptanceCalibrator
 from .context_match import ContextIndex
 from .successors import SuccessorTable
 
-SOURCES = ("succ", "ngram", "mask")
-SUCC, NGRAM, MASK = range(len(SOURCES))
+SOURCES = ("succ", "ngram", "mask", "corpus")
+SUCC, NGRAM, MASK, CORPUS = range(len(SOURCES))
 # which verified nodes refresh the successor table: every node (Token Recycling) or the accepted path
 LEARN_FROM = ("all", "accepted")
 # probability buckets of the successor and mask cells: [0, .1), [.1, .3), [.3, .6), [.6, .9), [.9, 1]
@@ -55,6 +62,10 @@ PROB_EDGES = (0.1, 0.3, 0.6, 0.9)
 NUM_PROB_BUCKETS = len(PROB_EDGES) + 1
 # vote-share buckets of the context cells: 0 unanimous, 1 at least half, 2 less than half
 NUM_SHARE_BUCKETS = 3
+# corpus cells: match length buckets [2, 4), [4, 8), [8, 16), [16, 32), [32, ...) x (one continuation, several)
+CORPUS_LENGTH_EDGES = (4, 8, 16, 32)
+CORPUS_MIN_MATCH = 2  # shorter matches in a corpus of many documents say little
+CORPUS_WIDTH = 4  # a state followed by more distinct tokens than this proposes none of them
 
 
 def _share_bucket(share: float) -> int:
@@ -69,7 +80,9 @@ def default_priors(successor_order: int, max_ngram: int, num_masks: int) -> dict
     by_length = np.minimum(0.2 + 0.15 * np.arange(max_ngram), 0.8)
     ngram = (by_length[:, None] * np.array([1.0, 0.6, 0.3])[None, :]).reshape(-1)
     mask = np.tile(0.6 * prob_mid, max(num_masks, 1))
-    return {"succ": succ, "ngram": ngram, "mask": mask}
+    by_match = np.array([0.3, 0.45, 0.6, 0.7, 0.8])
+    corpus = (by_match[:, None] * np.array([1.0, 0.5])[None, :]).reshape(-1)
+    return {"succ": succ, "ngram": ngram, "mask": mask, "corpus": corpus}
 
 
 class HybridDrafter(Drafter):
@@ -123,10 +136,21 @@ class HybridDrafter(Drafter):
         self.context_width = int(context_width)
         self.learn_from = learn_from
         self.prune_repeats = bool(prune_repeats)
-        priors = default_priors(self.successors.order, self.context.max_ngram, self.num_masks)
-        self.calibrator = AcceptanceCalibrator(priors, prior_strength)
+        self._priors = default_priors(self.successors.order, self.context.max_ngram, self.num_masks)
+        self._prior_strength = float(prior_strength)
+        self.calibrator = AcceptanceCalibrator(self._priors, prior_strength)
         self._tail_length = max(self.context.max_ngram, self.successors.order)
+        self.memory = None  # the decoder's drafting memory, once attached
+        self._automaton = None  # the corpus's suffix automaton for this request (None: no corpus)
         self._reset()
+
+    def attach_memory(self, memory) -> None:
+        """Share the decoder's drafting memory: its successor table, its calibration of this
+        configuration and its corpus of earlier requests (kept across requests)."""
+        self.memory = memory
+        self.successors = memory.successor_table(self.successors.top_k, self.successors.order)
+        key = f"hybrid/k{self.num_masks}/m{self.mask_nodes}/top{self.successors.top_k}/o{self.successors.order}/n{self.context.max_ngram}"
+        self.calibrator = memory.calibrator(key, self._priors, self._prior_strength)
 
     @property
     def node_top_k(self) -> int:
@@ -158,38 +182,53 @@ class HybridDrafter(Drafter):
 
     # ------------------------------------------------------------------ state
     def _reset(self) -> None:
-        self.successors.reset()
+        """Per-request state; without a drafting memory also the successor table and calibration."""
+        if self.memory is None:
+            self.successors.reset()
+            self.calibrator.reset()
         self.context.reset()
-        self.calibrator.reset()
         self._mask_candidates: list[tuple[list[int], list[int]]] = []  # per depth: tokens, cells
         self._proposals: dict[int, dict[int, list[int]]] = {}
         self._grown_index = np.zeros(1, dtype=np.int64)
         self._tree: TokenTree | None = None  # the last proposed tree
         self._root_tail: tuple[int, ...] = ()  # the last tokens of the context, root last
+        self._corpus_match = (0, 0)  # the corpus state and match length after the committed context
+        self._corpus_read = 0  # committed tokens read into it
 
     def start(self, prompt_ids: np.ndarray) -> None:
         self._reset()
-        self._root_tail = tuple(np.asarray(prompt_ids).reshape(-1)[-self._tail_length :].tolist())  # the prefill's root
+        prompt = np.asarray(prompt_ids).reshape(-1)
+        self._root_tail = tuple(prompt[-self._tail_length :].tolist())  # the prefill's root
+        corpus = None if self.memory is None else self.memory.corpus
+        self._automaton = corpus.automaton if corpus is not None and len(corpus) else None
+        if self._automaton is not None:
+            self._corpus_match = self._automaton.match(prompt.tolist())
+            self._corpus_read = prompt.size
 
     # ------------------------------------------------------------------ proposals
     def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
         context = np.asarray(context, dtype=np.int64)
         self.context.extend(context)
         # per source, the estimate of each cell, with a trailing 0.0 that cell -1 (not proposed) reads
-        succ, ngram, mask = (self.calibrator.all_cells(s).tolist() + [0.0] for s in SOURCES)
+        succ, ngram, mask, corpus = (self.calibrator.all_cells(s).tolist() + [0.0] for s in SOURCES)
         n = self._tail_length
         # per taken node: its depth and the last n tokens of its path
         depth = [0]
         tail = [tuple(context[-n:].tolist())]
         self._root_tail = tail[0]
         proposals: dict[int, dict[int, list[int]]] = {}
+        automaton = self._automaton
+        matches = [self._follow_context(context)] if automaton is not None else None
 
         def expand(node: int, parent: int, token: int) -> tuple[list[int], list[float]]:
             if node:
                 depth.append(depth[parent] + 1)
                 tail.append((tail[parent] + (token,))[-n:])
-            found = proposals[node] = self._proposals_at(token, depth[node], tail[node])
-            return list(found), [max(succ[a], ngram[b], mask[c]) for a, b, c in found.values()]
+                if matches is not None:
+                    matches.append(automaton.advance(*matches[parent], token))
+            found = proposals[node] = self._proposals_at(token, depth[node], tail[node],
+                                                         None if matches is None else matches[node])
+            return list(found), [max(succ[a], ngram[b], mask[c], corpus[d]) for a, b, c, d in found.values()]
 
         tree, index = grow_best_first(int(root_token), expand, self.max_nodes, self.min_score)
         self._proposals = proposals
@@ -197,15 +236,23 @@ class HybridDrafter(Drafter):
         self._tree = tree
         return tree
 
+    def _follow_context(self, context: np.ndarray) -> tuple[int, int]:
+        """The corpus match after the committed context (read on from where it was left)."""
+        state, matched = self._corpus_match
+        for token in context[self._corpus_read :].tolist():
+            state, matched = self._automaton.advance(state, matched, token)
+        self._corpus_match, self._corpus_read = (state, matched), len(context)
+        return state, matched
+
     def mask_free_nodes(self, tree: TokenTree) -> np.ndarray:
-        """For the adaptive budget: which nodes of the proposed ``tree`` the successor table or the
-        context lookup proposed (they need no masks on the previous pass)."""
+        """For the adaptive budget: which nodes of the proposed ``tree`` the successor table, the
+        context lookup or the corpus proposed (they need no masks on the previous pass)."""
         grown_of = np.empty(self._grown_index.size, dtype=np.int64)
         grown_of[self._grown_index] = np.arange(self._grown_index.size)
         free = np.zeros(tree.size, dtype=bool)
         for i in range(1, tree.size):
             cells = self._proposals.get(int(grown_of[tree.parents[i]]), {}).get(int(tree.tokens[i]))
-            free[i] = cells is not None and (cells[0] >= 0 or cells[1] >= 0)
+            free[i] = cells is not None and (cells[SUCC] >= 0 or cells[NGRAM] >= 0 or cells[CORPUS] >= 0)
         return free
 
     def _to_proposed(self, tree: TokenTree, path: np.ndarray) -> np.ndarray:
@@ -221,7 +268,8 @@ class HybridDrafter(Drafter):
             out.append(cur)
         return np.asarray(out, dtype=np.int64)
 
-    def _proposals_at(self, token: int, depth: int, tail: tuple[int, ...]) -> dict[int, list[int]]:
+    def _proposals_at(self, token: int, depth: int, tail: tuple[int, ...],
+                      corpus_match: tuple[int, int] | None = None) -> dict[int, list[int]]:
         """The children proposed for one node: ``{token: [cell of each source, -1 if none]}``."""
         found: dict[int, list[int]] = {}
         # successors: the longest key's entry first; shorter keys add the tokens it lacks
@@ -233,14 +281,14 @@ class HybridDrafter(Drafter):
             base = n * NUM_PROB_BUCKETS
             for tok, p in zip(*entry):
                 if tok not in found:
-                    found[tok] = [base + bisect_right(PROB_EDGES, p), -1, -1]
+                    found[tok] = [base + bisect_right(PROB_EDGES, p), -1, -1, -1]
         # context matches
         tokens, length, share = self.context.votes(tail)
         for tok, ln, sh in zip(tokens[: self.context_width], length, share):
             cell = (ln - 1) * NUM_SHARE_BUCKETS + _share_bucket(sh)
             cells = found.get(tok)
             if cells is None:
-                found[tok] = [-1, cell, -1]
+                found[tok] = [-1, cell, -1, -1]
             else:
                 cells[NGRAM] = cell
         # the probe: mask j of the last pass's deepest accepted node proposes depth j
@@ -250,9 +298,21 @@ class HybridDrafter(Drafter):
                     continue
                 cells = found.get(tok)
                 if cells is None:
-                    found[tok] = [-1, -1, cell]
+                    found[tok] = [-1, -1, cell, -1]
                 else:
                     cells[MASK] = cell
+        # the corpus of earlier requests: what followed the longest match of the node's path
+        if corpus_match is not None and corpus_match[1] >= CORPUS_MIN_MATCH:
+            state, matched = corpus_match
+            following = self._automaton.successors(state)
+            if 0 < len(following) <= CORPUS_WIDTH:
+                cell = 2 * bisect_right(CORPUS_LENGTH_EDGES, matched) + (len(following) > 1)
+                for tok in following:
+                    cells = found.get(tok)
+                    if cells is None:
+                        found[tok] = [-1, -1, -1, cell]
+                    else:
+                        cells[CORPUS] = cell
         return found
 
     # ------------------------------------------------------------------ learning

@@ -126,6 +126,41 @@ class SuccessorTable:
             if table.keys is not None:
                 table.keys[at] = np.asarray(keys, dtype=np.int64)[last]
 
+    def nbytes(self) -> int:
+        """Bytes of the tables (fixed once the first write has sized them)."""
+        if self._tables is None:
+            return 0
+        return sum(t.tokens.nbytes + t.probs.nbytes + t.width.nbytes + (0 if t.keys is None else t.keys.nbytes)
+                   for t in self._tables)
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        """The tables as arrays (for saving); empty before the first write."""
+        if self._tables is None:
+            return {}
+        out = {"vocab": np.array([self._vocab], dtype=np.int64)}
+        for n, t in enumerate(self._tables, start=1):
+            out.update({f"{n}/tokens": t.tokens, f"{n}/probs": t.probs, f"{n}/width": t.width})
+            if t.keys is not None:
+                out[f"{n}/keys"] = t.keys
+        return out
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Tables saved by :meth:`as_arrays` (a ``ValueError`` when they do not fit this table's
+        ``top_k``, ``order`` and ``slots``)."""
+        self.reset()
+        if not arrays:
+            return
+        self._allocate(int(np.asarray(arrays["vocab"]).reshape(-1)[0]))
+        for n, t in enumerate(self._tables, start=1):
+            for name in ("tokens", "probs", "width") + (("keys",) if t.keys is not None else ()):
+                value = np.asarray(arrays[f"{n}/{name}"])
+                target = getattr(t, name)
+                if value.shape != target.shape:
+                    raise ValueError(f"successor table {n}/{name} has shape {value.shape}, expected {target.shape}")
+                target[...] = value
+            if np.any(t.width < 0) or np.any(t.width > self.top_k) or np.any((t.tokens < 0) | (t.tokens >= self._vocab)):
+                raise ValueError(f"successor table {n} holds entries outside its vocabulary or width")
+
     def lookup(self, tail: tuple[int, ...]) -> list[Entry | None]:
         """The entries under the last 1, 2, ..., ``order`` tokens of ``tail`` (None where absent)."""
         out: list[Entry | None] = [None] * self.order
