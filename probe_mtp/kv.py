@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .tree import additive_mask, full_attention_mask, sliding_attention_mask
 
@@ -160,8 +160,12 @@ class AttentionFormat:
 
     @classmethod
     def for_model(cls, model) -> "AttentionFormat":
-        config = model.config.get_text_config(decoder=True)
-        types = tuple(sorted(set(get_layer_types_and_kwargs(config)[0])))
+        """The model's format, after :func:`probe_mtp.architectures.check_supported`: raises
+        :class:`UnsupportedModelError` (with the reason and what to do) for models that cannot
+        verify a token tree."""
+        from .architectures import check_supported
+
+        types = tuple(sorted(set(check_supported(model))))
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl == "sdpa":
             return cls(None, model.device, types)
