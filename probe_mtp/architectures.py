@@ -9,7 +9,9 @@ lets through is covered by the architecture matrix in ``tests/unit/test_architec
 
 Checked here (mechanisms, not model names):
 
-- the forward must take ``position_ids``: a model without them places every input by its index in
+- the decoder's self-attention must be causal (an encoder such as BERT loaded as a causal LM
+  without ``is_decoder=True`` attends both ways);
+- the forward must take a KV cache (``cache`` / ``past_key_values``) and ``position_ids``: a model without them places every input by its index in
   the KV cache (BLOOM's and MPT's ALiBi biases, the learned positions of BART-style decoders), so
   tree nodes would be biased or embedded as if they were a chain;
 - no ALiBi computed from cache indices (Falcon with ``alibi=True``), for the same reason;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 
+import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .kv import UnsupportedModelError, new_cache
@@ -62,12 +65,30 @@ def decoder_layer_types(model) -> list[str]:
     return list(types)
 
 
-def _takes_position_ids(model) -> bool:
+def _forward_parameters(model) -> set[str] | None:
+    """The names the model's ``forward`` takes (None: not introspectable, let other checks decide)."""
     try:
-        params = inspect.signature(type(model).forward).parameters
-    except (TypeError, ValueError):  # no introspectable forward: let the other checks decide
-        return True
-    return "position_ids" in params
+        return set(inspect.signature(type(model).forward).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _bidirectional_attention(model) -> list[str]:
+    """Names of decoder modules that attend in both directions: ``is_causal=False`` on a
+    self-attention module (cross-attention excluded), or ``is_decoder=False`` on a module of a
+    BERT-style encoder (which then builds a bidirectional mask)."""
+    try:
+        root = model.get_decoder()
+    except Exception:  # noqa: BLE001 - no separate decoder: scan the whole model
+        root = model
+    root = root if isinstance(root, torch.nn.Module) else model
+    found = []
+    for name, module in root.named_modules():
+        if getattr(module, "is_causal", True) is False and not getattr(module, "is_cross_attention", False):
+            found.append(f"{name or 'model'}.is_causal=False")
+        elif getattr(module, "is_decoder", True) is False:
+            found.append(f"{name or 'model'}.is_decoder=False")
+    return found
 
 
 def check_supported(model) -> list[str]:
@@ -76,12 +97,19 @@ def check_supported(model) -> list[str]:
     new_cache(model)  # first: recurrent, compressed or shared-KV layers, with their own message
     config = text_config(model)
     what = _describe(model)
-    if not _takes_position_ids(model):
+    params = _forward_parameters(model)
+    if params is not None and not {"cache", "past_key_values"} & params:
         raise UnsupportedModelError(
-            f"{what} is not supported: its forward takes no position_ids, so it positions every input by "
-            "its index in the KV cache (ALiBi biases in BLOOM and MPT, learned positions in BART-style "
-            "decoders), while the nodes of a draft tree must sit at their depth (siblings share a position); "
-            f"tree verification would change its output. Instead: {_USE_INSTEAD}"
+            f"{what} is not supported: its forward takes no KV cache (no cache or past_key_values argument), "
+            "and tree verification needs one to cut back to the accepted path after every pass. "
+            f"Instead: {_USE_INSTEAD}"
+        )
+    if params is not None and "position_ids" not in params:
+        raise UnsupportedModelError(
+            f"{what} is not supported: its forward takes no position_ids, so it positions every input by its "
+            "order in the sequence (ALiBi biases from the key's index in BLOOM and MPT, learned positions from "
+            "the cache length in BART-style decoders), while the nodes of a draft tree must sit at their depth "
+            f"(siblings share a position); tree verification would change its output. Instead: {_USE_INSTEAD}"
         )
     if getattr(config, "alibi", False) is True:
         raise UnsupportedModelError(
@@ -89,6 +117,16 @@ def check_supported(model) -> list[str]:
             "in the KV cache, not from position_ids, so draft-tree nodes (positioned at their depth) would "
             "get wrong biases. Checkpoints of this architecture with rotary positions (alibi=False) are "
             f"supported. Instead: {_USE_INSTEAD}"
+        )
+    bidirectional = _bidirectional_attention(model)
+    if getattr(config, "causal", None) is False:  # XLM-style: a causal flag off means bidirectional
+        bidirectional.insert(0, "config.causal=False")
+    if bidirectional:
+        raise UnsupportedModelError(
+            f"{what} is not supported as configured: its self-attention is bidirectional ("
+            f"{bidirectional[0]}{' and others' if len(bidirectional) > 1 else ''}), so it is not a causal LM and "
+            "no token can be verified before the ones after it. For BERT-style encoders used as decoders, set "
+            "config.is_decoder=True (then they are supported); otherwise decode it with model.generate()"
         )
     local = [t for t in (getattr(config, "attention_layers", None) or []) if t == "local"]
     if local and getattr(config, "window_size", None) is not None:
