@@ -7,20 +7,23 @@ decoded losslessly only if its forward honours all three.  :func:`check_supporte
 any forward pass, every model known not to, with the reason and what to do instead; everything it
 lets through is covered by the architecture matrix in ``tests/unit/test_architectures.py``.
 
-Checked here (mechanisms, not model names):
+Checked here, in this order (mechanisms read from the model and its config, not model names):
 
-- the decoder's self-attention must be causal (an encoder such as BERT loaded as a causal LM
-  without ``is_decoder=True`` attends both ways);
-- the forward must take a KV cache (``cache`` / ``past_key_values``) and ``position_ids``: a model without them places every input by its index in
-  the KV cache (BLOOM's and MPT's ALiBi biases, the learned positions of BART-style decoders), so
-  tree nodes would be biased or embedded as if they were a chain;
+- every cache layer can be rolled back (:func:`probe_mtp.kv.new_cache`: no recurrent, compressed
+  or shared-KV layers: Mamba, Qwen3-Next, MiniMax, Granite-MoE-Hybrid, DeepSeek-V4 ...);
+- the forward takes a KV cache (``cache`` / ``past_key_values``: not OpenAI GPT, RWKV, XLNet);
+- the forward takes ``position_ids``: a model without them places every input by its order in the
+  sequence (BLOOM's and MPT's ALiBi biases from the key's index, the learned positions of
+  BART-style decoders from the cache length), so tree nodes, which must sit at their depth, would
+  be biased or embedded as if they were a chain;
 - no ALiBi computed from cache indices (Falcon with ``alibi=True``), for the same reason;
+- the decoder's self-attention is causal (an encoder such as BERT loaded as a causal LM without
+  ``is_decoder=True`` attends both ways; XLM with ``causal=False``);
 - no local attention windowed by cache index inside the attention module (GPT-Neo's "local"
   layers), which a tree attention mask cannot correct;
 - every layer is a full-attention or sliding-window layer (``config.layer_types`` as transformers'
   ``DynamicCache`` reads it): chunked attention (Llama 4) masks keys by fixed chunks, which the
-  tree masks do not implement; recurrent, compressed and shared-KV layers are refused first, by
-  :func:`probe_mtp.kv.new_cache` (their state cannot be rolled back to an accepted path).
+  tree masks do not implement.
 
 The attention implementation (``sdpa`` or ``eager`` only) is checked by
 :meth:`probe_mtp.kv.AttentionFormat.for_model`, which calls :func:`check_supported` first.
