@@ -123,20 +123,54 @@ def _first_sliding(cache: DynamicCache) -> DynamicSlidingWindowLayer | None:
     return None
 
 
+def _cache_layer_types(cache: DynamicCache) -> tuple[str, ...]:
+    kinds = {"sliding_attention" if isinstance(layer, DynamicSlidingWindowLayer) else "full_attention" for layer in cache.layers}
+    return tuple(sorted(kinds))
+
+
 @dataclass
 class AttentionFormat:
-    """How masks are handed to this model: bool for sdpa, additive float for eager."""
+    """How attention inputs are handed to this model: bool masks for sdpa, additive float for
+    eager; and whether as one 4D tensor or as a mapping ``{layer type: 4D mask}``.
+
+    ``layer_types`` are the distinct attention types of the model's decoder layers
+    (``"full_attention"``, ``"sliding_attention"``), read from its config the way transformers'
+    ``DynamicCache(config=...)`` reads them, so the masks always fit the cache.  The rule (one
+    place, from the model's config, no list of model names):
+
+    - every layer of one type: ONE 4D tensor, that type's mask (the sliding-window mask when all
+      layers slide: Mistral, Mixtral, Phi-3, Starcoder2 with ``sliding_window`` set, Qwen2 with
+      every layer sliding).  transformers 5 models either pick one mask function from the config
+      (``create_causal_mask`` or ``create_sliding_window_causal_mask``: Llama, Mistral, Mixtral,
+      Phi-3, Qwen3-MoE, Starcoder2, ...) and take only a tensor (a mapping fails deep inside
+      ``masking_utils``), or build a per-layer-type mapping themselves (Qwen2, Qwen3, Gemma 2/3,
+      Cohere 2, ...) and, given a 4D tensor, use it for every layer; both pass a 4D tensor through
+      unchanged, so one tensor is right for either kind whenever all layers share their type.
+    - layers of different types (Gemma 2/3, Cohere 2, OLMo 3, GPT-OSS, Qwen2 with
+      ``max_window_layers``): the mapping ``{"full_attention": ..., "sliding_attention": ...}``;
+      only models that build per-layer-type masks have mixed layer types, and they all accept
+      the mapping pre-built.
+
+    ``layer_types=None`` (a format built by hand) reads the types off the cache at each pass.
+    """
 
     additive_dtype: torch.dtype | None  # None: boolean masks
     device: torch.device
+    layer_types: tuple[str, ...] | None = None
 
     @classmethod
     def for_model(cls, model) -> "AttentionFormat":
+        """The model's format, after :func:`probe_mtp.architectures.check_supported`: raises
+        :class:`UnsupportedModelError` (with the reason and what to do) for models that cannot
+        verify a token tree."""
+        from .architectures import check_supported
+
+        types = tuple(sorted(set(check_supported(model))))
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl == "sdpa":
-            return cls(None, model.device)
+            return cls(None, model.device, types)
         if impl == "eager":
-            return cls(model.dtype, model.device)
+            return cls(model.dtype, model.device, types)
         raise UnsupportedModelError(
             f"attn_implementation={impl!r} cannot take a tree attention mask; load the model with "
             "attn_implementation='sdpa' (recommended) or 'eager'"
@@ -154,28 +188,33 @@ def attention_inputs(
     past_visible: torch.Tensor | None = None,
 ):
     """The ``attention_mask`` argument for a pass of ``len(block_positions)`` new inputs on top of
-    ``cache``: one 4D mask, or for models with sliding-window layers the dict
-    ``{"full_attention": ..., "sliding_attention": ...}``."""
-    past_len = cached_length(cache)
-    n = int(block_positions.shape[0])
-    full = fmt.finish(full_attention_mask(block_visible, past_len, past_visible, device=fmt.device))
-    sliding_layer = _first_sliding(cache)
-    if sliding_layer is None:
-        return full
-    kv_length, kv_offset = sliding_layer.get_mask_sizes(n)
-    sliding_past_visible = None
-    if past_visible is not None:
-        sliding_past_visible = past_visible[kv_offset : kv_offset + kv_length - n]
-    sliding = sliding_attention_mask(
-        block_visible,
-        block_positions,
-        kv_offset,
-        kv_length,
-        sliding_layer.sliding_window,
-        sliding_past_visible,
-        device=fmt.device,
-    )
-    return {"full_attention": full, "sliding_attention": fmt.finish(sliding)}
+    ``cache``: one 4D mask when all layers share their attention type, else the mapping
+    ``{"full_attention": ..., "sliding_attention": ...}`` (see :class:`AttentionFormat`)."""
+    types = fmt.layer_types or _cache_layer_types(cache)
+    masks = {}
+    if "full_attention" in types:
+        past_len = cached_length(cache)
+        masks["full_attention"] = fmt.finish(full_attention_mask(block_visible, past_len, past_visible, device=fmt.device))
+    if "sliding_attention" in types:
+        sliding_layer = _first_sliding(cache)
+        n = int(block_positions.shape[0])
+        kv_length, kv_offset = sliding_layer.get_mask_sizes(n)
+        sliding_past_visible = None
+        if past_visible is not None:
+            sliding_past_visible = past_visible[kv_offset : kv_offset + kv_length - n]
+        sliding = sliding_attention_mask(
+            block_visible,
+            block_positions,
+            kv_offset,
+            kv_length,
+            sliding_layer.sliding_window,
+            sliding_past_visible,
+            device=fmt.device,
+        )
+        masks["sliding_attention"] = fmt.finish(sliding)
+    if len(masks) == 1:
+        return next(iter(masks.values()))
+    return masks
 
 
 def start_recording(cache: DynamicCache) -> None:
