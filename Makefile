@@ -30,7 +30,7 @@ test: setup
 
 # the unit tests: no real model (tiny random models built from configs), about a minute
 test-fast: setup
-	$(PY) -m pytest -q tests/unit -m "not model and not slow"
+	$(PY) -m pytest -q tests/unit -m "not model and not slow and not heavy"
 
 test-all: setup
 	$(PY) -m pytest -q -m ""

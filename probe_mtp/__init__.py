@@ -17,4 +17,5 @@ __all__ = [
     "decoder_for",
     "load_model",
     "EMBEDDED_MODELS",
+    "__version__",
 ]

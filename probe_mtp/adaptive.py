@@ -322,6 +322,47 @@ class AdaptiveBudget(BudgetPolicy):
         self.choices["free"] += 1
         return self._padded(keep_nodes(tree, keep_free), 0)
 
+    # ------------------------------------------------------------------ one row of a batch
+    def row_choice(self, tree: TokenTree, context: int) -> RowChoice:
+        """This row's ways to fill its part of a batched pass, best nodes first: without masks,
+        and (when the drafter has them) with masks."""
+        self._use_context(context)
+        est = self.calibration.estimates(tree)
+        draft = best_order(tree, est)
+        free = self._free_nodes(tree) if self.k else np.ones(tree.size, dtype=bool)
+        gains = lambda order: np.concatenate([[0.0], np.cumsum(est[order])])  # noqa: E731
+        free_order = draft[free[draft]]
+        masked = None
+        if self.k:
+            masked = (draft, gains(draft), tree.size > 1 and not bool(free[1:].all()))
+        return RowChoice(tree, (free_order, gains(free_order)), masked, lambda size, k: self._inputs(size, k), self.k)
+
+    def row_plan(self, choice: RowChoice, width: int) -> StepPlan:
+        """This row's plan within ``width`` inputs: the variant with the most expected tokens (masks
+        when their proposals are worth at least as much; otherwise re-probed now and then, as in
+        :meth:`plan`)."""
+        n_free = choice.fit(False, width)
+        n_mask = choice.fit(True, width)
+        use_masks = n_mask >= 0 and choice.masked[2] and choice.gain(True, n_mask) >= choice.gain(False, n_free)
+        if use_masks:
+            self.free_steps, self.backoff = 0, 1
+            self.choices["mask"] += 1
+        elif n_mask >= 0 and self.free_steps >= self.backoff:
+            self.free_steps, self.backoff = 0, min(2 * self.backoff, MAX_BACKOFF)
+            self.choices["probe"] += 1
+            use_masks = True
+        elif self.k:
+            self.free_steps += 1
+            self.choices["free"] += 1
+        order, n, k = (choice.masked[0], n_mask, self.k) if use_masks else (choice.free[0], max(n_free, 0), 0)
+        kept = keep_nodes(choice.tree, order[:n])
+        return StepPlan(kept, k, 0, owners_for(kept, k, self.mask_owners))
+
+    def batch_cost(self, inputs: int, context: int) -> float:
+        """Cost of a batched pass of ``inputs`` inputs in all (rows x width), in the curve's units."""
+        factor = self.size_factors[size_class(inputs)]
+        return self.curve.cost(int(inputs), int(context)) * factor + self.step_overhead
+
     def _padded(self, tree: TokenTree, k: int) -> StepPlan:
         plan = StepPlan(tree, k, 0, owners_for(tree, k, self.mask_owners))
         inputs = plan.num_inputs
@@ -356,3 +397,55 @@ class FixedBudget(BudgetPolicy):
 
     def plan(self, tree: TokenTree, context_length: int | None = None) -> StepPlan:
         return StepPlan(tree, self.k, 0, owners_for(tree, self.k, self.mask_owners))
+
+
+
+
+# ---------------------------------------------------------------------------------- batches
+@dataclass
+class RowChoice:
+    """One row's ways to fill a batched pass: ``free`` (draft nodes needing no masks, best first,
+    and the running sum of their acceptance estimates) and ``masked`` (every draft node, the same
+    sums, and whether any node came from the masks; None without masks); ``inputs(size, k)``."""
+
+    tree: TokenTree
+    free: tuple[np.ndarray, np.ndarray]
+    masked: tuple[np.ndarray, np.ndarray, bool] | None
+    inputs: object
+    num_masks: int
+
+    def fit(self, masks: bool, width: int) -> int:
+        """The most draft nodes of a variant within ``width`` inputs; -1 when not even the root fits."""
+        if masks and self.masked is None:
+            return -1
+        order, k = (self.masked[0], self.num_masks) if masks else (self.free[0], 0)
+        n = -1
+        while n + 1 <= order.shape[0] and self.inputs(n + 2, k) <= width:
+            n += 1
+        return n
+
+    def gain(self, masks: bool, n: int) -> float:
+        """Expected draft tokens of a variant's best ``n`` nodes."""
+        return -1.0 if n < 0 else float((self.masked if masks else self.free)[1][n])
+
+    def best_gain(self, width: int) -> float:
+        return max(self.gain(False, self.fit(False, width)), self.gain(True, self.fit(True, width)), 0.0)
+
+
+def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: list[int]) -> list[StepPlan]:
+    """The plans of one batched pass, a tree per row.  Rows share the pass, whose cost follows the
+    total of its inputs: every row is padded to the widest row's input count W.  With the adaptive
+    budget, W is chosen once for the batch, maximising ``(rows + expected draft tokens of every
+    row's best tree within W inputs) / cost(rows x W)``; as the batch grows, W shrinks, down to bare
+    one-token steps (W = 1) when no tree pays.  Fixed budgets keep each row's whole tree."""
+    if not all(isinstance(p, AdaptiveBudget) for p in policies):
+        return [p.plan(t, c) for p, t, c in zip(policies, trees, contexts)]
+    lead = policies[0]
+    rows, context = len(trees), max(contexts)
+    choices = [p.row_choice(t, context) for p, t in zip(policies, trees)]
+    best_width, best_value = 1, -1.0
+    for width in range(1, max(1, lead.max_inputs // rows) + 1):
+        value = (rows + sum(c.best_gain(width) for c in choices)) / lead.batch_cost(rows * width, context)
+        if value > best_value + 1e-12:
+            best_width, best_value = width, value
+    return [p.row_plan(c, best_width) for p, c in zip(policies, choices)]

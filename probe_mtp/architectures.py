@@ -26,7 +26,7 @@ Checked here, in this order (mechanisms read from the model and its config, not 
   tree masks do not implement.
 
 The attention implementation (``sdpa`` or ``eager`` only) is checked by
-:meth:`probe_mtp.kv.AttentionFormat.for_model`, which calls :func:`check_supported` first.
+:func:`attention_format`, which calls :func:`check_supported` first.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import inspect
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from .kv import UnsupportedModelError, new_cache
+from .kv import AttentionFormat, UnsupportedModelError, new_cache
 
 # the layer types whose tree masks probe_mtp.kv.attention_inputs builds
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -158,3 +158,11 @@ def check_supported(model) -> list[str]:
             "model.generate()"
         )
     return types
+
+
+def attention_format(model) -> AttentionFormat:
+    """How to hand attention masks to ``model``, after :func:`check_supported`: raises
+    :class:`~probe_mtp.kv.UnsupportedModelError` (with the reason and what to do) for a model that
+    cannot verify a token tree."""
+    types = tuple(sorted(set(check_supported(model))))
+    return AttentionFormat.for_model(model, types)

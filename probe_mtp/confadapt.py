@@ -98,7 +98,7 @@ class ConfAdapt:
         logits = verify_pass(gen, full, layout, inputs)
         node_logits = logits.nodes[m:]
         tops = node_tops(gen, node_logits)
-        verdict = gen.accept(plan.tree, node_logits, gen.context, tops)
+        verdict = gen.accept(plan.tree, node_logits, gen.sequence[0], tops)
         gen.policy.observe(plan.tree, verdict.path)
         keep = np.concatenate([np.arange(m), verdict.path + m])
         keep_accepted(gen.cache, layout.num_inputs, torch.from_numpy(keep).to(gen.device))

@@ -244,13 +244,14 @@ def measure_cost_curve(
     With ``head`` (a usable :class:`~probe_mtp.head.SplitHead`) the output layer is first timed
     alone at each of ``head_rows`` rows, then each pass runs as the decoder runs it: the backbone,
     then the output layer on the rows :meth:`CostCurve.head_padding` pads N to."""
-    from .kv import AttentionFormat, attention_inputs, keep_accepted, new_cache, start_recording
+    from .architectures import attention_format
+    from .kv import attention_inputs, keep_accepted, new_cache, start_recording
 
     head_seconds = measure_head(head, head_rows, rounds) if head is not None else None
     padding = _head_padding(head_rows, head_seconds, max(sizes)) if head is not None else None
 
     device = model.device
-    fmt = AttentionFormat.for_model(model)
+    fmt = attention_format(model)
     vocab = model.get_input_embeddings().num_embeddings
     long_context = _long_context_for(model, context, long_context, max(sizes))
     contexts = (context,) if long_context is None else (context, long_context)

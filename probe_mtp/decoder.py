@@ -16,20 +16,23 @@ from pathlib import Path
 
 import torch
 
+from .architectures import attention_format
 from .acceptance import acceptance_rule
 from .adaptive import AdaptiveBudget, BudgetPolicy, FixedBudget
+from .batch import Batch, run_batch
 from .confadapt import ConfAdapt
 from .config import UNTUNED_MASKS, ProbeConfig
 from .cost import CostCurve, cost_curve_for
 from .drafters import Drafter, make_drafter
 from .generation import Generation, Parts
 from .head import SplitHead
-from .kv import AttentionFormat, new_cache, start_recording
+from .kv import new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
 from .passes import OutputLayer
+from .ragged import RaggedCache
 from .request import (
     DecodeRequest,
-    build_request,
+    build_requests,
     check_input_ids,
     check_max_new_tokens,
     move_stop_strings_to_criteria,
@@ -72,7 +75,7 @@ class ProbeDecoder:
         self._lock = threading.RLock()
         self.memory_mb = memory_mb
         self.memory = self._initial_memory(memory)
-        self.fmt = AttentionFormat.for_model(model)
+        self.fmt = attention_format(model)
         self.embed = model.get_input_embeddings()
         self.layouts = LayoutCache(LAYOUT_CACHE_SIZE)
         self._embedding_stats: EmbeddingStats | None = None
@@ -146,19 +149,19 @@ class ProbeDecoder:
             raise ValueError("this ProbeDecoder belongs to another model; build one per model")
         knobs, custom_drafter = split_probe_knobs(model_kwargs)
         probe_config = ProbeConfig.from_kwargs(config or self.config, **knobs)
-        request, pad_prefix = build_request(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                            probe_config, custom_drafter, generator, probe_streamer,
-                                            model_kwargs.get("attention_mask"))
-        out = self.decode(request)
-        if pad_prefix.shape[1]:
-            out.sequences = torch.cat([pad_prefix.to(out.sequences.device), out.sequences], dim=1)
+        requests = build_requests(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  probe_config, custom_drafter, generator, probe_streamer, model_kwargs.get("attention_mask"))
+        if len(requests) == 1:
+            out = self.decode(requests[0])
+        else:
+            out = self.decode_batch(requests, generation_config)
         out.sequences = out.sequences.to(input_ids.device)
         return out if generation_config.return_dict_in_generate else out.sequences
 
     @torch.no_grad()
     def decode(self, request: DecodeRequest) -> GenerateOutput:
-        """Run one generation; ``request.prompt`` is ``[1, P]`` without padding.  Afterwards the
-        prompt and its output join the drafting memory's corpus."""
+        """Run one generation (one row).  Afterwards the prompt and its output join the drafting
+        memory's corpus."""
         with self._lock:
             generation, strategy = self.start(request)
             out = run(generation, strategy)
@@ -166,12 +169,39 @@ class ProbeDecoder:
                 self.memory.remember(generation.context.cpu().numpy())
             return out
 
-    def start(self, request: DecodeRequest) -> tuple[Generation, Strategy]:
+    @torch.no_grad()
+    def decode_batch(self, requests: list[DecodeRequest], generation_config) -> GenerateOutput:
+        """Decode several rows together, one forward pass per step (:mod:`probe_mtp.batch`); the
+        result is padded as ``model.generate`` pads a batch."""
+        if requests[0].config.acceptance == "confadapt":
+            raise ValueError("acceptance='confadapt' decodes one sequence at a time; use a batch of one row")
+        with self._lock:
+            memory = self.memory if self.memory is not None else DraftingMemory(self._cold_bytes())
+            rows = [self.start(request, memory=memory, with_cache=False)[0] for request in requests]
+            longest = max(g.buffer.shape[1] for g in rows)
+            capacity = min(longest, rows[0].prompt_len + RESERVE_AHEAD) + requests[0].config.max_budget
+            cache = RaggedCache(new_cache(self.model, capacity=capacity, every_layer=True), len(rows), capacity,
+                                self.model.device)
+            window = getattr(self.model.config.get_text_config(decoder=True), "sliding_window", None)
+            types = self.fmt.layer_types or ("full_attention",)
+            batch = Batch(rows, cache, types, window if "sliding_attention" in types else None)
+            pad = generation_config._pad_token_tensor
+            out = run_batch(batch, None if pad is None else int(pad.reshape(-1)[0]))
+            if self.memory is not None:
+                for g in rows:
+                    self.memory.remember(g.context.cpu().numpy())
+            return out
+
+    def start(self, request: DecodeRequest, memory: DraftingMemory | None = None,
+              with_cache: bool = True) -> tuple[Generation, Strategy]:
         """The state of a new generation for ``request`` and how to decode it (the lossless
-        strategy, or ConfAdapt's when asked for)."""
+        strategy, or ConfAdapt's when asked for).  ``memory``: the drafting memory to use (default:
+        the decoder's, or an empty one when it keeps none); ``with_cache``: give the generation its
+        own KV cache (a batch's rows share one)."""
         config = request.config
         drafter = request.drafter if request.drafter is not None else make_drafter(config)
-        memory = self.memory if self.memory is not None else DraftingMemory(self._cold_bytes())
+        if memory is None:
+            memory = self.memory if self.memory is not None else DraftingMemory(self._cold_bytes())
         drafter.attach_memory(memory)
         lossy = config.acceptance == "confadapt"
         if lossy and request.do_sample:
@@ -180,10 +210,12 @@ class ProbeDecoder:
         prompt = request.prompt.to(self.model.device)
         tuned = self.tuned_masks(config, k) if k else None
         masks = self.mask_vectors(config, prompt[0], k, tuned) if k else None
-        # room for the whole generation and one more pass (a longer one grows the buffer once)
-        reserve = min(request.max_length, prompt.shape[1] + RESERVE_AHEAD) + config.max_budget
-        cache = new_cache(self.model, capacity=reserve)
-        start_recording(cache)
+        cache = None
+        if with_cache:
+            # room for the whole generation and one more pass (a longer one grows the buffer once)
+            reserve = min(request.max_length, prompt.shape[1] + RESERVE_AHEAD) + config.max_budget
+            cache = new_cache(self.model, capacity=reserve)
+            start_recording(cache)
         accept = acceptance_rule(request.do_sample, config.sampling_rule, request.processors, request.generator,
                                  drafter, self.model.device)
         policy = self.budget_policy(config, drafter, fixed=lossy or accept.needs_whole_tree, memory=memory)

@@ -36,8 +36,9 @@ class Parts:
 
 
 class Generation:
-    """One request being decoded (see the module docstring).  ``buffer[0, :length]`` holds every
-    committed token; the KV cache holds all of them but the last (the next root)."""
+    """One request being decoded (see the module docstring).  ``buffer[0, :length]`` holds the
+    row's left padding (``offset`` tokens), the prompt and every committed token; the KV cache holds
+    all real tokens but the last (the next root)."""
 
     def __init__(self, parts: Parts, request: DecodeRequest, drafter: Drafter, policy: BudgetPolicy,
                  accept: AcceptanceRule, masks: MaskVectors | None, cache, stats: DecodeStats):
@@ -51,28 +52,33 @@ class Generation:
         self.stats = stats
         self.device = parts.model.device
         prompt = request.prompt.to(self.device)
-        self.prompt_len = prompt.shape[1]
+        self.offset = request.pads
+        self.prompt_len = self.offset + prompt.shape[1]  # in the buffer: padding and prompt
         # every committed token, in a buffer that stopping criteria and processors read as a view
         self.buffer = torch.empty((1, max(request.max_length, self.prompt_len + 1)), dtype=torch.long, device=self.device)
-        self.buffer[:, : self.prompt_len] = prompt
+        if self.offset:
+            self.buffer[:, : self.offset] = request.pad_prefix.to(self.device)
+        self.buffer[:, self.offset : self.prompt_len] = prompt
         self.length = self.prompt_len
         self.scores: list[torch.Tensor] = []
         self.done = self.length >= request.max_length
 
     @property
     def sequence(self) -> torch.Tensor:
-        """``[1, length]``: the prompt and every committed token (a view)."""
+        """``[1, length]``: padding, prompt and every committed token, as transformers' logits
+        processors and stopping criteria see the row (a view)."""
         return self.buffer[:, : self.length]
 
     @property
     def context(self) -> torch.Tensor:
-        """1D: every committed token, the next root last (a view)."""
-        return self.buffer[0, : self.length]
+        """1D: the prompt and every committed token, the next root last, without padding (what the
+        model and the drafter see; a view)."""
+        return self.buffer[0, self.offset : self.length]
 
     @property
     def cached(self) -> int:
-        """Tokens in the KV cache: every committed one but the root."""
-        return self.length - 1
+        """Tokens in the KV cache: every real one but the root (also the root's position id)."""
+        return self.length - 1 - self.offset
 
     def layout(self, tree: TokenTree, num_masks: int, pad_to: int = 0, owners: np.ndarray | None = None) -> TreeLayout:
         return self.parts.layouts.layout(tree, num_masks, pad_to, owners)
@@ -80,8 +86,11 @@ class Generation:
     def embed_tokens(self, tokens) -> torch.Tensor:
         return self.parts.embed(torch.as_tensor(np.asarray(tokens), device=self.device))
 
-    def result(self) -> GenerateOutput:
+    def finish_stats(self) -> None:
         self.stats.new_tokens = self.length - self.prompt_len
         self.stats.choices = self.policy.choice_counts()
+
+    def result(self) -> GenerateOutput:
+        self.finish_stats()
         scores = tuple(self.scores) if self.request.output_scores else None
         return GenerateOutput(self.sequence.clone(), self.stats, scores)

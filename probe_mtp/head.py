@@ -54,6 +54,10 @@ class SplitHead:
         """The backbone's final (normalised) hidden states ``[N, H]`` for a batch of one."""
         return self.backbone(**inputs).last_hidden_state[0]
 
+    def batch_hidden_states(self, **inputs) -> torch.Tensor:
+        """The backbone's final hidden states ``[B, N, H]`` for a batch."""
+        return self.backbone(**inputs).last_hidden_state
+
     @torch.no_grad()
     def _reproduces_model(self) -> bool:
         vocab = self.model.get_input_embeddings().num_embeddings

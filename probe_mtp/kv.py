@@ -89,10 +89,12 @@ class ReservedLayer(DynamicLayer):
         self._key_buffer = self._value_buffer = None
 
 
-def new_cache(model, capacity: int | None = None) -> DynamicCache:
+def new_cache(model, capacity: int | None = None, every_layer: bool = False) -> DynamicCache:
     """A fresh ``DynamicCache`` for ``model``, checked to hold only attention layers that can be
     rolled back.  With ``capacity``, its full-attention layers are :class:`ReservedLayer` buffers of
-    that many positions."""
+    that many positions; with ``every_layer`` too, its sliding-window layers (which then keep
+    every entry, the window being applied by the attention mask: a batch's rows hold different
+    numbers of tokens, so no one window of slots fits them all)."""
     try:
         cache = DynamicCache(config=model.config)
     except Exception as exc:  # noqa: BLE001 - report any failure as unsupported
@@ -107,8 +109,25 @@ def new_cache(model, capacity: int | None = None) -> DynamicCache:
             "full or sliding-window KV caches"
         )
     if capacity is not None:
-        cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+        kinds = (DynamicLayer, DynamicSlidingWindowLayer) if every_layer else (DynamicLayer,)
+        cache.layers = [ReservedLayer(capacity) if type(layer) in kinds else layer for layer in cache.layers]
     return cache
+
+
+def select_batch_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keep only the batch rows ``rows`` of every (reserved) layer, in that order."""
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys is None:
+            continue
+        length = layer.keys.shape[-2]
+        if isinstance(layer, ReservedLayer):
+            layer._key_buffer = layer._key_buffer.index_select(0, rows.to(layer._key_buffer.device))
+            layer._value_buffer = layer._value_buffer.index_select(0, rows.to(layer._value_buffer.device))
+            layer.keys = layer._key_buffer[:, :, :length]
+            layer.values = layer._value_buffer[:, :, :length]
+        else:
+            layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
+            layer.values = layer.values.index_select(0, rows.to(layer.values.device))
 
 
 def cached_length(cache: DynamicCache) -> int:
@@ -159,18 +178,15 @@ class AttentionFormat:
     layer_types: tuple[str, ...] | None = None
 
     @classmethod
-    def for_model(cls, model) -> "AttentionFormat":
-        """The model's format, after :func:`probe_mtp.architectures.check_supported`: raises
-        :class:`UnsupportedModelError` (with the reason and what to do) for models that cannot
-        verify a token tree."""
-        from .architectures import check_supported
-
-        types = tuple(sorted(set(check_supported(model))))
+    def for_model(cls, model, layer_types: tuple[str, ...] | None = None) -> "AttentionFormat":
+        """The format for ``model``'s attention implementation (a clear error for one that cannot
+        take a tree mask).  Use :func:`probe_mtp.architectures.attention_format`, which first checks
+        that the model can verify a tree at all and reads its layer types."""
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl == "sdpa":
-            return cls(None, model.device, types)
+            return cls(None, model.device, layer_types)
         if impl == "eager":
-            return cls(model.dtype, model.device, types)
+            return cls(model.dtype, model.device, layer_types)
         raise UnsupportedModelError(
             f"attn_implementation={impl!r} cannot take a tree attention mask; load the model with "
             "attn_implementation='sdpa' (recommended) or 'eager'"

@@ -20,7 +20,6 @@ from .drafters import Drafter
 
 UNSUPPORTED_CONFIG = {
     "num_beams": "beam search is not supported; use num_beams=1 (greedy or sampling)",
-    "num_return_sequences": "several return sequences are not supported; call generate once per sample (seed each call)",
 }
 # the keyword arguments of a custom_generate function besides the probe knobs (transformers pops
 # the names of a custom function's parameters out of the generate() keywords and passes them on)
@@ -29,10 +28,12 @@ HANDLER_ARGUMENTS = ("config", "generator", "probe_streamer", "probe_tokenizer")
 
 @dataclass
 class DecodeRequest:
-    """Everything one generation needs, prepared and checked."""
+    """Everything one generation (one row) needs, prepared and checked.  ``pad_prefix`` is the
+    row's left padding: invisible to the model and shifting no position, but part of the sequence
+    that logits processors and stopping criteria read, and of the output, as in transformers."""
 
     prompt: torch.Tensor  # [1, P], padding removed
-    max_length: int  # total length limit (prompt + new), from the generation config
+    max_length: int  # total length limit of the row (padding + prompt + new), from the generation config
     processors: object | None  # LogitsProcessorList or None
     criteria: object  # StoppingCriteriaList
     do_sample: bool
@@ -41,6 +42,11 @@ class DecodeRequest:
     generator: torch.Generator | None = None
     streamer: object | None = None
     output_scores: bool = False
+    pad_prefix: torch.Tensor | None = None  # [1, pads]; None: no padding
+
+    @property
+    def pads(self) -> int:
+        return 0 if self.pad_prefix is None else int(self.pad_prefix.shape[1])
 
 
 def with_probe_knobs(fn):
@@ -66,35 +72,61 @@ def split_probe_knobs(kwargs: dict) -> tuple[dict, Drafter | None]:
     return knobs, custom
 
 
-def build_request(model, input_ids, logits_processor, stopping_criteria, generation_config, config: ProbeConfig,
-                  drafter: Drafter | None, generator, streamer, attention_mask) -> tuple[DecodeRequest, torch.Tensor]:
-    """The request for ``input_ids`` (one row) and the left padding to put back in front of the
-    output (``[1, pads]``)."""
+def row_processors(processors, row: int):
+    """``processors`` for one row of a batch.  A tree verifies many paths of one row at once, so a
+    processor that holds per-row state of the batch must hold that row's: transformers'
+    repetition penalty ignores each row's left padding by a per-row length, which becomes the
+    row's own length here.  Every other processor is shared as it is."""
+    if not processors:
+        return None
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    out = LogitsProcessorList()
+    for proc in processors:
+        if isinstance(proc, RepetitionPenaltyLogitsProcessor) and isinstance(proc.prompt_ignore_length, torch.Tensor):
+            proc = copy.copy(proc)
+            proc.prompt_ignore_length = int(proc.prompt_ignore_length.reshape(-1)[row])
+        out.append(proc)
+    return out
+
+
+def build_requests(model, input_ids, logits_processor, stopping_criteria, generation_config, config: ProbeConfig,
+                   drafter: Drafter | None, generator, streamer, attention_mask) -> list[DecodeRequest]:
+    """One request per row of ``input_ids`` (left padding split off each row)."""
     gen = generation_config
     check_generation_config(gen)
-    prompt, pad_prefix = strip_left_padding(input_ids, attention_mask)
+    check_input_ids(input_ids, attention_mask)
+    rows = input_ids.shape[0]
+    if rows > 1 and streamer is not None:
+        raise ValueError(f"a streamer takes one sequence; it cannot follow a batch of {rows} rows (as in transformers)")
+    if rows > 1 and drafter is not None:
+        raise ValueError("a Drafter instance proposes for one sequence; pass drafter by name for a batch")
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and prompt.shape[1] >= limit:
-        raise ValueError(
-            f"the prompt has {prompt.shape[1]} tokens but the model takes at most {limit} positions "
-            "(config.max_position_embeddings); shorten the prompt"
-        )
-    max_length = int(gen.max_length) - pad_prefix.shape[1]
-    if limit is not None:
-        max_length = min(max_length, int(limit))
-    request = DecodeRequest(
-        prompt=prompt,
-        max_length=max_length,
-        processors=logits_processor if logits_processor else None,
-        criteria=stopping_criteria,
-        do_sample=bool(gen.do_sample),
-        config=config,
-        drafter=drafter,
-        generator=generator,
-        streamer=streamer,
-        output_scores=bool(gen.output_scores),
-    )
-    return request, pad_prefix
+    requests = []
+    for r in range(rows):
+        prompt, pad_prefix = strip_left_padding(input_ids[r : r + 1], None if attention_mask is None else attention_mask[r : r + 1])
+        if limit is not None and prompt.shape[1] >= limit:
+            raise ValueError(
+                f"the prompt has {prompt.shape[1]} tokens but the model takes at most {limit} positions "
+                "(config.max_position_embeddings); shorten the prompt"
+            )
+        max_length = int(gen.max_length)
+        if limit is not None:
+            max_length = min(max_length, int(limit) + pad_prefix.shape[1])
+        requests.append(DecodeRequest(
+            prompt=prompt,
+            max_length=max_length,
+            processors=row_processors(logits_processor, r),
+            criteria=stopping_criteria,
+            do_sample=bool(gen.do_sample),
+            config=config,
+            drafter=drafter,
+            generator=generator,
+            streamer=streamer,
+            output_scores=bool(gen.output_scores),
+            pad_prefix=pad_prefix if pad_prefix.shape[1] else None,
+        ))
+    return requests
 
 
 def move_stop_strings_to_criteria(model, tokenizer, kwargs: dict) -> None:
@@ -143,37 +175,37 @@ def check_generation_config(gen) -> None:
 
 def check_input_ids(input_ids, attention_mask=None) -> None:
     if input_ids is None:
-        raise ValueError("input_ids is required: a [1, length] tensor of prompt token ids")
+        raise ValueError("input_ids is required: a [batch, length] tensor of prompt token ids")
     if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.Tensor of token ids with shape [1, length], got {type(input_ids).__name__}")
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids with shape [batch, length], got {type(input_ids).__name__}")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2D [batch, length], got shape {tuple(input_ids.shape)}; use ids[None] for one prompt")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"batch size {input_ids.shape[0]} is not supported yet: probe-mtp decodes one sequence at a time; "
-            "call generate once per prompt"
-        )
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids has no rows: give at least one prompt")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: give at least one prompt token (for example the BOS token)")
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(
             f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
         )
+    if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
+        raise ValueError("attention_mask ends in padding (right padding): decoder-only generation needs left padding; "
+                         "load the tokenizer with padding_side='left'")
 
 
 def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
-    """Split ``[pads | prompt]``: padded positions are invisible and shift no position id in
-    transformers, so decoding the unpadded prompt gives the same tokens; the pads are put back
-    in front of the result."""
+    """Split one row ``[pads | prompt]``: padded positions are invisible and shift no position id in
+    transformers, so the model sees the unpadded prompt; the pads stay in front of the row."""
     if attention_mask is None or bool(attention_mask.all()):
         return input_ids, input_ids[:, :0]
     mask = attention_mask[0].bool()
     real = int(mask.sum())
     if real == 0:
-        raise ValueError("attention_mask masks every prompt token; at least one must be visible")
+        raise ValueError("attention_mask masks every prompt token of a row; at least one must be visible")
     pads = mask.shape[0] - real
     if bool(mask[:pads].any()) or not bool(mask[pads:].all()):
-        raise ValueError("attention_mask must be left padding (zeros, then ones); other patterns are not supported")
+        raise ValueError("attention_mask must be left padding (zeros, then ones) in every row; holes inside a "
+                         "prompt are not supported")
     return input_ids[:, pads:], input_ids[:, :pads]

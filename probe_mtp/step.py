@@ -48,7 +48,7 @@ def decode_step(gen: Generation) -> None:
     layout, inputs = lay_out(gen, plan)
     logits = verify_pass(gen, plan.tree, layout, inputs)
     tops = node_tops(gen, logits.nodes)
-    verdict = gen.accept(plan.tree, logits.nodes, gen.context, tops)
+    verdict = gen.accept(plan.tree, logits.nodes, gen.sequence[0], tops)
     gen.policy.observe(plan.tree, verdict.path)
     keep_accepted(gen.cache, layout.num_inputs, torch.from_numpy(verdict.path).to(gen.device))
     mask_logits = logits.masks_of(verdict.last) if plan.num_masks else None
@@ -145,7 +145,8 @@ def prefill_pass(gen: Generation) -> PrefillResult:
     """One pass over the prompt and k masks owned by its last token; the cache keeps the prompt."""
     parts, k = gen.parts, gen.drafter.num_masks
     prompt = gen.context
-    layout = prefill_layout(gen.prompt_len, k)
+    n = prompt.shape[0]
+    layout = prefill_layout(n, k)
     embeds = parts.embed(prompt)
     if k:
         embeds = torch.cat([embeds, gen.masks.vectors.to(embeds.dtype)], dim=0)
@@ -153,16 +154,16 @@ def prefill_pass(gen: Generation) -> PrefillResult:
     attn = attention_inputs(gen.cache, layout.visible, positions, parts.fmt)
     logits = forward_pass(parts.model, gen.cache, PassInputs(embeds[None], attn, positions[None]), logits_to_keep=k + 1)
     gen.stats.forward_passes += 1
-    keep_accepted(gen.cache, gen.prompt_len + k, torch.arange(gen.prompt_len, device=gen.device))
+    keep_accepted(gen.cache, n + k, torch.arange(n, device=gen.device))
     root = TokenTree.root_only(int(prompt[-1]))
-    verdict = gen.accept(root, logits[:1], prompt)
+    verdict = gen.accept(root, logits[:1], gen.sequence[0])
     return PrefillResult(root, verdict, logits[:1], logits[1:] if k else None)
 
 
 def finish_prefill(gen: Generation, result: PrefillResult) -> None:
     """Stream the prompt, commit the prefill's token and feed the pass back."""
     if gen.request.streamer is not None:
-        gen.request.streamer.put(gen.context.cpu())
+        gen.request.streamer.put(gen.sequence[0].cpu())
     commit(gen, result.verdict.tokens, result.verdict.scores)
     feed_back(gen, result.root, result.verdict, result.node_logits, result.mask_logits, is_prefill=True)
 

@@ -46,7 +46,8 @@ import numpy as np
 import torch
 
 from ..config import ProbeConfig
-from ..kv import AttentionFormat, attention_inputs, new_cache
+from ..architectures import attention_format
+from ..kv import attention_inputs, new_cache
 from ..masks import EmbeddingStats, config_mask_vectors, embedding_stats
 from ..tree import chain, esp_layout
 
@@ -156,7 +157,7 @@ def align_masks(
     tree = chain(int(chain_tokens[0]), chain_tokens[1:].tolist())
     layout = esp_layout(tree, k)
 
-    fmt = AttentionFormat.for_model(model)
+    fmt = attention_format(model)
     cache = new_cache(model)
     if p > 1:
         model(input_ids=prompt[None, :-1], cache=cache, use_cache=True, logits_to_keep=1)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..architectures import attention_format
 from ..kv import AttentionFormat, new_cache
 from ..tuned_masks import MODES, ModelIdentity, TunedMasks
 from .batch import IGNORE, attention_mask, default_owners, ema_anchors, owner_batch
@@ -205,7 +206,7 @@ def train_masks(
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(i, settings.steps - 1) / max(1, settings.steps - 1)))
     )
-    fmt = AttentionFormat.for_model(model)
+    fmt = attention_format(model)
     data = _Sequences(model, sequences, settings)
     rng = np.random.default_rng(settings.seed)
     order: list[int] = []
@@ -243,7 +244,7 @@ def evaluate(model, tuned: TunedMasks, sequences: list[TeacherSequence], ema: fl
     ema = float(tuned.settings.get("ema", 0.1) if ema is None else ema)
     settings = TrainSettings(num_masks=tuned.num_masks, mode=tuned.mode, ema=ema, max_cached_tokens=0)
     data = _Sequences(model, sequences, settings)
-    fmt = AttentionFormat.for_model(model)
+    fmt = attention_format(model)
     vectors = tuned.slot_vectors(tuned.num_masks).to(model.device)
     keys = ("loss", "top1", f"top{HIT_WIDTH}")
     groups = {"": None, **{f"_mask{j + 1}": j for j in range(tuned.num_masks)}} if tuned.num_masks > 1 else {"": None}

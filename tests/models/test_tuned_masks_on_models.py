@@ -15,7 +15,7 @@ from probe_mtp import ProbeDecoder
 from probe_mtp.distill.cli import cmd_tune
 from probe_mtp.distill.teacher import TeacherSequence, TrainingPrompt, teacher_sequences
 from probe_mtp.distill.train import PrefixCache, TrainSettings, embedding_rms, evaluate, masked_logits, train_masks
-from probe_mtp.kv import AttentionFormat
+from probe_mtp.architectures import attention_format
 from probe_mtp.masks import initial_mask_vectors
 from probe_mtp.tuned_masks import ModelIdentity, TunedMasks
 
@@ -48,7 +48,7 @@ def test_training_pass_matches_a_plain_forward(smollm2, teachers):
     vectors = 0.05 * torch.randn(k, model.config.hidden_size)
     prefix = PrefixCache(model, seq.ids, int(seq.ids.shape[0]) - 2)
     with torch.no_grad():
-        logits, batch = masked_logits(model, vectors, seq, prefix, None, AttentionFormat.for_model(model))
+        logits, batch = masked_logits(model, vectors, seq, prefix, None, attention_format(model))
         embed = model.get_input_embeddings()
         for q in (0, 1, batch.size - 2, batch.size - 1):
             t = int(batch.owner[q])
@@ -72,7 +72,7 @@ def test_training_pass_matches_a_plain_forward_on_gemma(gemma3):
     prefix = PrefixCache(model, seq.ids, int(seq.ids.shape[0]) - 2)
     assert prefix.sliding
     with torch.no_grad():
-        logits, batch = masked_logits(model, vectors, seq, prefix, None, AttentionFormat.for_model(model))
+        logits, batch = masked_logits(model, vectors, seq, prefix, None, attention_format(model))
         embed = model.get_input_embeddings()
         for q in range(batch.size):
             t = int(batch.owner[q])

@@ -63,6 +63,7 @@ def plain_tiny_draws(peaked_tiny_model):
     return _first_tokens(plain, 1500, 3)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("rule,drafter", [("match", "esp"), ("rejection", "esp"), ("match", "hybrid")])
 def test_end_to_end_sampling_matches_plain_sampling(peaked_tiny_model, plain_tiny_draws, rule, drafter):
     decoder = ProbeDecoder(peaked_tiny_model, num_masks=2, budget=18, sampling_rule=rule, drafter=drafter)

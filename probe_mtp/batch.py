@@ -1,0 +1,229 @@
+"""Batched decoding: every row of a batch drafts its own tree, and one forward pass per step verifies
+all of them.
+
+A step reads as the single-row one (:mod:`probe_mtp.step`), with the pass shared:
+
+    propose (each row) -> plan the batch -> lay out the rows side by side -> one verify pass
+      -> accept (each row) -> keep each row's path in the ragged cache -> commit and feed back (each row)
+
+Rows are laid out along the batch dimension, each padded to the widest row's inputs (padding inputs
+see only themselves and are dropped).  Rows hold different numbers of tokens, so the KV cache is
+ragged (:mod:`probe_mtp.ragged`): per-row position ids and a per-row 4D attention mask over shared
+slots, sliding windows applied by the mask on positions.  The adaptive budget sizes the pass from
+the cost of all its inputs (:func:`probe_mtp.adaptive.plan_batch`), shrinking the trees as the batch
+grows.  A row that finishes (EOS, a stop string, its length limit) leaves the batch.
+
+Each row is a :class:`~probe_mtp.generation.Generation` (its committed tokens with the row's left
+padding, its drafter, mask vectors, acceptance rule and statistics), so acceptance, stopping
+criteria and logits processors work per row exactly as for one sequence.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .adaptive import plan_batch
+from .generation import Generation
+from .heap import heap_trimmer
+from .passes import PassInputs
+from .ragged import RaggedCache
+from .stats import DecodeStats, GenerateOutput
+from .step import commit, feed_back, node_tops, propose
+from .tree import TokenTree, TreeLayout, prefill_layout
+
+
+class Batch:
+    """The rows of one batched generation and what they share: the model's parts, the ragged KV
+    cache, the mask format (``layer_types``: the model's attention types; ``window``: its sliding
+    window) and the batch's pass statistics."""
+
+    def __init__(self, rows: list[Generation], cache: RaggedCache, layer_types: tuple[str, ...], window: int | None):
+        self.rows = rows
+        self.parts = rows[0].parts
+        self.cache = cache
+        self.layer_types = layer_types
+        self.window = window
+        self.active = [i for i, g in enumerate(rows) if not g.done]
+        self.stats = DecodeStats(method=rows[0].stats.method, budget=rows[0].stats.budget,
+                                 num_masks=rows[0].stats.num_masks, masks=rows[0].stats.masks, memory=rows[0].stats.memory)
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows[0].device
+
+    def attention(self, visible: torch.Tensor, positions: torch.Tensor):
+        """The pass's ``attention_mask``: one 4D tensor when the model's layers share one attention
+        type, else the per-layer-type mapping."""
+        masks = self.cache.masks(visible, positions, self.window)
+        fmt = self.parts.fmt
+        finished = {kind: fmt.finish(masks[kind]) for kind in self.layer_types}
+        return finished[self.layer_types[0]] if len(self.layer_types) == 1 else finished
+
+    def forward(self, inputs: PassInputs, keep: list[int] | int) -> list[torch.Tensor]:
+        """One pass; per row the float32 logits of its first ``keep[r]`` inputs (an int: the last
+        ``keep`` inputs of every row)."""
+        head = self.parts.output.head
+        kwargs = dict(inputs_embeds=inputs.inputs_embeds, attention_mask=inputs.attention_mask,
+                      position_ids=inputs.position_ids, cache=self.cache.cache, use_cache=True)
+        n = inputs.inputs_embeds.shape[1]
+        spans = [(n - keep, n)] * inputs.inputs_embeds.shape[0] if isinstance(keep, int) else [(0, c) for c in keep]
+        if head is None:
+            logits = self.parts.model(**kwargs).logits
+            return [logits[r, a:b].float() for r, (a, b) in enumerate(spans)]
+        hidden = head.batch_hidden_states(**kwargs)
+        flat = head.logits(torch.cat([hidden[r, a:b] for r, (a, b) in enumerate(spans)]))
+        return list(flat.split([b - a for a, b in spans]))
+
+    def drop_finished(self) -> None:
+        still = [j for j, i in enumerate(self.active) if not self.rows[i].done]
+        if len(still) < len(self.active):
+            if still:
+                self.cache.select(still)
+            self.active = [self.active[j] for j in still]
+
+
+def batch_prefill(batch: Batch) -> None:
+    """One pass over every row's left-padded prompt and the k masks of its last token."""
+    rows = [batch.rows[i] for i in batch.active]
+    parts, device = batch.parts, batch.device
+    k = rows[0].drafter.num_masks
+    length = rows[0].prompt_len  # the padded prompt length, the same for every row
+    ids = torch.stack([g.buffer[0, :length] for g in rows])
+    embeds = parts.embed(ids)
+    if k:
+        embeds = torch.cat([embeds, torch.stack([g.masks.vectors for g in rows]).to(embeds.dtype)], dim=1)
+    total = length + k
+    positions = torch.zeros((len(rows), total), dtype=torch.long, device=device)
+    visible = torch.zeros((len(rows), total, total), dtype=torch.bool, device=device)
+    for r, g in enumerate(rows):
+        n, pad = length - g.offset, g.offset
+        layout = prefill_layout(n, k)
+        positions[r, pad:] = torch.tensor(layout.position_offsets, device=device)
+        visible[r, pad:, pad:] = torch.tensor(layout.visible, device=device)
+        visible[r, :pad, :pad] = torch.eye(pad, dtype=torch.bool, device=device)  # padding sees itself only
+    t0 = time.perf_counter()
+    logits = batch.forward(PassInputs(embeds, batch.attention(visible, positions), positions), keep=k + 1)
+    batch.stats.forward_seconds += time.perf_counter() - t0
+    batch.cache.prefill([g.offset for g in rows], total, length)
+    batch.stats.forward_passes += 1
+    for g, row_logits in zip(rows, logits):
+        g.stats.forward_passes += 1
+        root = TokenTree.root_only(int(g.context[-1]))
+        verdict = g.accept(root, row_logits[:1], g.sequence[0])
+        commit(g, verdict.tokens, verdict.scores)
+        feed_back(g, root, verdict, row_logits[:1], row_logits[1:] if k else None, is_prefill=True)
+    batch.drop_finished()
+
+
+def batch_step(batch: Batch) -> None:
+    """propose -> plan the batch -> lay out -> one verify pass -> accept -> keep -> commit -> feed back."""
+    rows = [batch.rows[i] for i in batch.active]
+    trees = [propose(g) for g in rows]
+    plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows])
+    layouts, inputs = lay_out_batch(batch, rows, plans)
+    t0 = time.perf_counter()
+    logits = batch.forward(inputs, keep=[layout.num_inputs for layout in layouts])
+    batch.stats.forward_seconds += time.perf_counter() - t0
+    batch.stats.forward_passes += 1
+    batch.stats.inputs_per_pass.append(int(inputs.inputs_embeds.shape[0] * inputs.inputs_embeds.shape[1]))
+    accepted = []
+    for g, plan, row_logits in zip(rows, plans, logits):
+        nodes = row_logits[: plan.tree.size]
+        tops = node_tops(g, nodes)
+        verdict = g.accept(plan.tree, nodes, g.sequence[0], tops)
+        g.policy.observe(plan.tree, verdict.path)
+        accepted.append((verdict, nodes, tops, g.cached + plan.tree.depths[verdict.path]))
+    batch.cache.keep(inputs.inputs_embeds.shape[1], [a[0].path for a in accepted], [a[3] for a in accepted])
+    for g, plan, layout, row_logits, (verdict, nodes, tops, _) in zip(rows, plans, layouts, logits, accepted):
+        g.stats.forward_passes += 1
+        g.stats.inputs_per_pass.append(layout.num_inputs)
+        slots = layout.mask_slots(verdict.last) if plan.num_masks else np.zeros(0, dtype=np.int64)
+        mask_logits = row_logits[torch.from_numpy(slots)] if slots.size else None
+        g.stats.accepted_lengths.append(commit(g, verdict.tokens, verdict.scores))
+        feed_back(g, plan.tree, verdict, nodes, mask_logits, tops)
+    batch.drop_finished()
+
+
+def lay_out_batch(batch: Batch, rows: list[Generation], plans) -> tuple[list[TreeLayout], PassInputs]:
+    """Every row's layout, side by side along the batch dimension and padded to the widest."""
+    layouts = [g.layout(p.tree, p.num_masks, 0, p.owners) for g, p in zip(rows, plans)]
+    width = max(layout.num_inputs for layout in layouts)
+    device = batch.device
+    ids = np.empty((len(rows), width), dtype=np.int64)
+    positions = np.empty((len(rows), width), dtype=np.int64)
+    visible = np.zeros((len(rows), width, width), dtype=bool)
+    for r, (g, plan, layout) in enumerate(zip(rows, plans, layouts)):
+        n, size = layout.num_inputs, plan.tree.size
+        ids[r, :size] = plan.tree.tokens
+        ids[r, size:] = plan.tree.tokens[0]  # mask slots (replaced below) and padding repeat the root
+        positions[r, :n] = g.cached + layout.position_offsets
+        positions[r, n:] = g.cached
+        visible[r, :n, :n] = layout.visible
+        visible[r, np.arange(n, width), np.arange(n, width)] = True
+    embeds = batch.parts.embed(torch.from_numpy(ids).to(device))
+    for r, (g, plan, layout) in enumerate(zip(rows, plans, layouts)):
+        if plan.num_masks:
+            slots = np.arange(plan.tree.size, layout.num_inputs)
+            which = torch.from_numpy(layout.mask_index[slots] - 1).to(device)
+            embeds[r, plan.tree.size : layout.num_inputs] = g.masks.vectors.index_select(0, which).to(embeds.dtype)
+    positions_t = torch.from_numpy(positions).to(device)
+    attention = batch.attention(torch.from_numpy(visible).to(device), positions_t)
+    return layouts, PassInputs(embeds, attention, positions_t)
+
+
+def run_batch(batch: Batch, pad_token_id: int | None) -> GenerateOutput:
+    """Prefill, then batched steps until every row has stopped; the rows' sequences padded with
+    ``pad_token_id`` after their ends, as ``model.generate`` returns them."""
+    t0 = time.perf_counter()
+    for i in batch.active:
+        batch.rows[i].drafter.start(batch.rows[i].context.cpu().numpy())
+    if batch.active:
+        batch_prefill(batch)
+        batch.stats.prefill_seconds = time.perf_counter() - t0
+    trim_heap = heap_trimmer(batch.device)
+    while batch.active:
+        started, forward_before = time.perf_counter(), batch.stats.forward_seconds
+        lead = batch.rows[batch.active[0]].policy
+        cached = max(batch.rows[i].cached for i in batch.active)
+        batch_step(batch)
+        if trim_heap is not None:
+            trim_heap()
+        lead.observe_timing(batch.stats.inputs_per_pass[-1], cached, batch.stats.forward_seconds - forward_before,
+                            time.perf_counter() - started)
+    batch.stats.seconds = time.perf_counter() - t0
+    return assemble(batch, pad_token_id)
+
+
+def assemble(batch: Batch, pad_token_id: int | None) -> GenerateOutput:
+    rows = batch.rows
+    longest = max(g.length for g in rows)
+    if pad_token_id is None and any(g.length < longest for g in rows):
+        raise ValueError("rows ended at different lengths and there is no pad_token_id to fill the shorter ones; "
+                         "set pad_token_id")
+    fill = 0 if pad_token_id is None else int(pad_token_id)
+    sequences = torch.full((len(rows), longest), fill, dtype=torch.long, device=batch.device)
+    for r, g in enumerate(rows):
+        sequences[r, : g.length] = g.buffer[0, : g.length]
+        g.finish_stats()
+    stats = batch.stats
+    stats.new_tokens = sum(g.stats.new_tokens for g in rows)
+    stats.accepted_lengths = [a for g in rows for a in g.stats.accepted_lengths]
+    stats.choices = rows[0].policy.choice_counts()
+    scores = None
+    if rows[0].request.output_scores:
+        steps = longest - rows[0].prompt_len
+        vocab = next((g.scores[0].shape[-1] for g in rows if g.scores), 0)
+        finished = torch.full((1, vocab), float("-inf"))
+        if vocab:
+            finished[0, fill] = 0.0
+        scores = tuple(
+            torch.cat([(g.scores[t] if t < len(g.scores) else finished.to(g.scores[0].dtype if g.scores else torch.float32))
+                       for g in rows])
+            for t in range(steps)
+        )
+    out = GenerateOutput(sequences, stats, scores)
+    out.row_stats = [g.stats for g in rows]
+    return out

@@ -1,0 +1,228 @@
+"""Batched decoding on tiny random models: row for row what model.generate returns for the same
+left-padded batch (greedy), rows ending at different steps, sliding windows crossed, processors and
+stopping criteria per row, num_return_sequences, scores, sampling per row, and clear refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, StoppingCriteria
+
+import probe_mtp
+from probe_mtp import ProbeDecoder
+from probe_mtp.adaptive import AdaptiveBudget, plan_batch
+from probe_mtp.cost import CostCurve
+from probe_mtp.tree import TokenTree
+
+FLAT = {1: 1.0, 4: 1.05, 16: 1.2, 64: 2.0}
+AUTO = dict(cost_curve=FLAT, cost_cache=False)
+ESP = dict(drafter="esp", num_masks=2, budget=30)
+
+
+def _llama(eos=63):
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=64, max_position_embeddings=512,
+                         attn_implementation="sdpa", bos_token_id=0, eos_token_id=eos, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model
+
+
+def _gemma(attn="sdpa"):
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=32, intermediate_size=128, vocab_size=64, sliding_window=8,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              max_position_embeddings=512, attn_implementation=attn, bos_token_id=2,
+                              eos_token_id=1, pad_token_id=0)
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _batch(lengths, seed=1, repeat_row=1):
+    """Left-padded rows of the given lengths (one row a repeated pattern, so drafts get accepted)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        row = torch.randint(3, 60, (n,), generator=g)
+        if r == repeat_row:
+            row = torch.tensor(([5, 6, 7, 8] * n)[:n])
+        ids[r, width - n :] = row
+        mask[r, width - n :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("make", [_llama, _gemma, lambda: _gemma("eager")], ids=["llama", "gemma3-sliding", "gemma3-eager"])
+@pytest.mark.parametrize("knobs", [AUTO, ESP], ids=["default", "esp"])
+def test_greedy_batch_is_row_for_row_generate(make, knobs):
+    model = make()
+    ids, mask = _batch([5, 12, 3, 20])  # prompts and generations past the 8-token window
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
+    out = probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=40, return_dict_in_generate=True, **knobs)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.forward_passes == len(out.stats.inputs_per_pass) + 1  # one pass per step for the batch
+    assert len(out.row_stats) == 4 and out.stats.new_tokens == 4 * 40
+
+
+@pytest.mark.parametrize("make", [_llama, _gemma], ids=["llama", "gemma3-sliding"])
+def test_rows_that_end_at_different_steps(make):
+    model = make()
+    ids, mask = _batch([6, 9, 4, 14], seed=3)
+    free = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, eos_token_id=None)
+    eos = int(free[0, ids.shape[1] + 6])  # a token that ends the rows where it first appears
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
+    ends = [(row[ids.shape[1]:] == eos).nonzero()[:1].reshape(-1).tolist() for row in ref]
+    assert len({tuple(e) for e in ends}) > 1, "rows should end at different steps"
+    decoder = ProbeDecoder(model, **AUTO)
+    out = decoder.generate(ids, attention_mask=mask, max_new_tokens=30, eos_token_id=eos, pad_token_id=0,
+                           return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    finished = [s.new_tokens for s in out.row_stats]
+    assert min(finished) < max(finished)
+
+
+def test_processors_criteria_and_scores_per_row():
+    model = _llama()
+    ids, mask = _batch([7, 4, 11])
+
+    class StopAfter(StoppingCriteria):  # a per-row criterion: stop a row once it holds token 9 twice
+        def __call__(self, input_ids, scores, **kwargs):
+            return (input_ids == 9).sum(dim=1) >= 2
+
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=24, repetition_penalty=1.3, no_repeat_ngram_size=3,
+              min_new_tokens=5, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    ref = model.generate(ids, stopping_criteria=[StopAfter()], **kw)
+    out = probe_mtp.generate(model, ids, stopping_criteria=[StopAfter()], **AUTO, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == len(ref.scores)
+    for step, (a, b) in enumerate(zip(out.scores, ref.scores)):
+        for r in range(ids.shape[0]):
+            if ids.shape[1] + step < out.sequences.shape[1] and r in _running(out, ids, step):
+                torch.testing.assert_close(a[r], b[r], rtol=1e-4, atol=1e-4)
+
+
+def _running(out, ids, step):
+    return [r for r, s in enumerate(out.row_stats) if step < s.new_tokens]
+
+
+def test_num_return_sequences_repeats_rows_as_generate_does():
+    model = _llama()
+    ids, mask = _batch([5, 9])
+    with pytest.raises(ValueError, match="num_return_sequences"):  # transformers' own rule for greedy
+        model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4, num_return_sequences=3)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=4, num_return_sequences=3, **AUTO)
+    out = probe_mtp.generate(model, ids, attention_mask=mask, do_sample=True, max_new_tokens=16, num_return_sequences=3,
+                             generator=torch.Generator().manual_seed(0), **AUTO)
+    assert out.shape == (6, ids.shape[1] + 16)
+    assert torch.equal(out[:, : ids.shape[1]], ids.repeat_interleave(3, dim=0))  # rows repeated in order
+    assert len({tuple(row.tolist()) for row in out[:3]}) > 1  # independent samples of one prompt
+
+
+@pytest.mark.heavy
+def test_sampling_per_row_follows_plain_sampling():
+    """Two rows sampled in one batch: each row's first two tokens are distributed as plain
+    sampling's (a contingency test over 600 seeded draws each); a rule that ignores the model fails."""
+    model = _llama()
+    ids, mask = _batch([4, 6])
+    kw = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_p=0.9, max_new_tokens=2)
+    decoder = ProbeDecoder(model, **AUTO)
+
+    def draws(fn, n):
+        return [tuple(fn(s)[:, -2:].reshape(-1).tolist()) for s in range(n)]
+
+    def plain(seed):
+        torch.manual_seed(40_000 + seed)
+        return model.generate(ids, **kw)
+
+    probe = draws(lambda s: decoder.generate(ids, generator=torch.Generator().manual_seed(s), **kw), 600)
+    reference = draws(plain, 600)
+    for r in range(2):
+        a = [d[2 * r : 2 * r + 2] for d in probe]
+        b = [d[2 * r : 2 * r + 2] for d in reference]
+        assert _p_value(a, b) > 1e-3
+    uniform = [tuple(np.random.default_rng(s).integers(3, 60, size=2).tolist()) for s in range(600)]
+    assert _p_value(uniform, [d[:2] for d in reference]) < 1e-3  # the test can fail
+
+
+def _p_value(a, b, min_count=5):
+    keys = sorted(set(a) | set(b))
+    ca = np.array([a.count(k) for k in keys])
+    cb = np.array([b.count(k) for k in keys])
+    big = (ca + cb) >= min_count
+    table = np.array([np.append(ca[big], ca[~big].sum()), np.append(cb[big], cb[~big].sum())])
+    return float(chi2_contingency(table[:, table.sum(0) > 0]).pvalue)
+
+
+def test_unsupported_batch_inputs_are_clear_errors():
+    model = _llama()
+    ids, mask = _batch([5, 9])
+    right = torch.flip(mask, dims=[1])
+    with pytest.raises(ValueError, match="right padding.*padding_side='left'"):
+        probe_mtp.generate(model, ids, attention_mask=right, max_new_tokens=4, **AUTO)
+    with pytest.raises(ValueError, match="shape of input_ids"):
+        probe_mtp.generate(model, ids, attention_mask=mask[:, 1:], max_new_tokens=4, **AUTO)
+    holes = mask.clone()
+    holes[1, -3] = 0
+    with pytest.raises(ValueError, match="left padding"):
+        probe_mtp.generate(model, ids, attention_mask=holes, max_new_tokens=4, **AUTO)
+    with pytest.raises(ValueError, match="beam search"):
+        probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=4, num_beams=2, **AUTO)
+
+    class Streamer:
+        def put(self, value):
+            pass
+
+        def end(self):
+            pass
+
+    with pytest.raises(ValueError, match="streamer"):
+        probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=4, streamer=Streamer(), **AUTO)
+    with pytest.raises(ValueError, match="confadapt"):
+        probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=4, drafter="esp", acceptance="confadapt")
+
+
+def test_the_batch_budget_shrinks_trees_as_the_batch_grows():
+    curve = CostCurve.from_mapping({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 2.0, 32: 3.5, 64: 7.0})
+    tree = TokenTree.from_paths(1, [[2, 3, 4, 5], [6], [7]])
+    tree = TokenTree(tree.tokens, tree.parents, np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.3, 0.2]))
+
+    def widths(rows):
+        policies = [AdaptiveBudget(curve, 0, 64) for _ in range(rows)]
+        return {p.num_inputs for p in plan_batch(policies, [tree] * rows, [100] * rows)}
+
+    one, eight, thirty_two = widths(1), widths(8), widths(32)
+    assert max(one) > max(eight) >= max(thirty_two)
+    assert thirty_two == {1}  # no tree pays: plain batched steps
+
+
+@pytest.mark.parametrize("make", [_llama, _gemma], ids=["llama", "gemma3-sliding"])
+def test_compacting_the_ragged_cache_every_step_changes_nothing(make, monkeypatch):
+    import probe_mtp.ragged as ragged
+
+    monkeypatch.setattr(ragged, "HOLE_SHARE", 0.0)
+    monkeypatch.setattr(ragged, "HOLE_SLACK", 0)
+    compactions = []
+    original = ragged.RaggedCache.compact
+    monkeypatch.setattr(ragged.RaggedCache, "compact", lambda self: compactions.append(1) or original(self))
+    model = make()
+    ids, mask = _batch([5, 12, 3, 20], seed=4)
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
+    out = probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=40, **AUTO)
+    assert torch.equal(out, ref) and len(compactions) > 5
