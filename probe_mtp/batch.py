@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from .adaptive import plan_batch
+from .adaptive import MAX_BACKOFF, StepPlan, plan_batch
 from .generation import Generation
 from .heap import heap_trimmer
 from .passes import PassInputs
@@ -47,6 +47,10 @@ class Batch:
         self.layer_types = layer_types
         self.window = window
         self.active = [i for i, g in enumerate(rows) if not g.done]
+        # after a bare step (no row's tree paid), drafting is skipped for `backoff` steps, then
+        # tried again (1, 2, 4, ... 64 steps): a large batch decodes as plainly as model.generate
+        self.skipped = 0
+        self.backoff = 0
         self.stats = DecodeStats(method=rows[0].stats.method, budget=rows[0].stats.budget,
                                  num_masks=rows[0].stats.num_masks, masks=rows[0].stats.masks, memory=rows[0].stats.memory)
 
@@ -121,8 +125,14 @@ def batch_prefill(batch: Batch) -> None:
 def batch_step(batch: Batch) -> None:
     """propose -> plan the batch -> lay out -> one verify pass -> accept -> keep -> commit -> feed back."""
     rows = [batch.rows[i] for i in batch.active]
-    trees = [propose(g) for g in rows]
-    plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows])
+    if batch.skipped < batch.backoff:
+        batch.skipped += 1
+        plans = [StepPlan(TokenTree.root_only(int(g.context[-1])), 0) for g in rows]
+    else:
+        trees = [propose(g) for g in rows]
+        plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows])
+        bare = all(p.num_inputs == 1 for p in plans)
+        batch.skipped, batch.backoff = 0, (min(max(2 * batch.backoff, 1), MAX_BACKOFF) if bare else 0)
     layouts, inputs = lay_out_batch(batch, rows, plans)
     t0 = time.perf_counter()
     logits = batch.forward(inputs, keep=[layout.num_inputs for layout in layouts])
