@@ -86,6 +86,16 @@ class ProbeDecoder:
         self._auto_tuned: dict[int, TunedMasks | None] = {}
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles (of the decoder, or of a model that holds one) leave the lock out."""
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     # ------------------------------------------------------------------ drafting memory
     def _initial_memory(self, memory) -> DraftingMemory | None:
         if isinstance(memory, bool):

@@ -186,3 +186,15 @@ def test_memory_size_is_checked():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ProbeDecoder(_tiny(), memory_mb=0, **KNOBS).generate(torch.tensor([[1, 2]]), max_new_tokens=3)
+
+
+def test_a_model_holding_its_decoder_can_still_be_copied():
+    import copy
+
+    model = _tiny()
+    probe_mtp.generate(model, torch.tensor([[1, 5, 7, 5]]), max_new_tokens=6, **KNOBS)
+    twin = copy.deepcopy(model)
+    decoder = probe_mtp.decoder_for(twin)
+    assert decoder is not probe_mtp.decoder_for(model) and decoder.model is twin
+    assert torch.equal(probe_mtp.generate(twin, torch.tensor([[1, 5, 7, 5]]), max_new_tokens=6, **KNOBS),
+                       model.generate(torch.tensor([[1, 5, 7, 5]]), do_sample=False, max_new_tokens=6))

@@ -1,0 +1,57 @@
+"""Batched greedy decoding on the embedded models: row for row what model.generate returns for the
+same left-padded batch, with prompts of very different lengths, rows that end at different steps,
+and (Gemma 3) rows past its 512-token sliding window."""
+
+from __future__ import annotations
+
+import torch
+
+import probe_mtp
+from probe_mtp import ProbeDecoder
+from probe_mtp.prompts import balanced_subset
+
+from conftest import chat_ids
+
+
+def left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, P]`` ids and attention mask of 1-row id tensors, padded on the left."""
+    width = max(r.shape[1] for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - r.shape[1] :] = r[0]
+        mask[i, width - r.shape[1] :] = 1
+    return ids, mask
+
+
+def test_smollm2_batch_is_row_for_row_generate(smollm2, specbench):
+    model, tok = smollm2
+    texts = [p.turns[0] for p in balanced_subset(specbench, 1)][:4] + ["Reply with the single word: yes", "Say hello."]
+    ids, mask = left_padded([chat_ids(tok, t) for t in texts], tok.pad_token_id)
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
+    decoder = ProbeDecoder(model, tok)
+    out = decoder.generate(ids, attention_mask=mask, max_new_tokens=40, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    ended = [s.new_tokens for s in out.row_stats]
+    assert min(ended) < 40 == max(ended), "the short answers should end early, with EOS"
+    assert out.stats.forward_passes < 40  # one pass per step for the whole batch, several tokens per step
+    # and the same batch through transformers' own generate with the probe as custom_generate
+    again = model.generate(ids, attention_mask=mask, max_new_tokens=40, custom_generate=probe_mtp.custom_generate,
+                           probe_decoder=decoder)
+    assert torch.equal(again, ref)
+
+
+def test_gemma3_batch_across_the_sliding_window(gemma3, specbench):
+    model, tok = gemma3
+    rag = [p.turns[0] for p in specbench if p.task == "rag"][:40]
+    long_text = min(rag, key=lambda t: len(tok(t)["input_ids"]))  # about 600 tokens
+    long_ids = tok(long_text, return_tensors="pt")["input_ids"]
+    rows = [
+        tok("The quick brown fox jumps over the lazy dog. The quick brown", return_tensors="pt")["input_ids"],
+        long_ids[:, :495],  # crosses the 512-token window while generating
+        long_ids,  # longer than the window
+    ]
+    ids, mask = left_padded(rows, 0)
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=32)
+    out = probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=32)
+    assert torch.equal(out, ref)
