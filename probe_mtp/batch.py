@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from .adaptive import MAX_BACKOFF, StepPlan, plan_batch
+from .adaptive import StepPlan, plan_batch
 from .generation import Generation
 from .heap import heap_trimmer
 from .passes import PassInputs
@@ -33,6 +33,10 @@ from .ragged import RaggedCache
 from .stats import DecodeStats, GenerateOutput
 from .step import commit, feed_back, node_tops, propose
 from .tree import TokenTree, TreeLayout, prefill_layout
+
+
+BARE_WARMUP = 8  # drafting steps before a bare one may skip drafting
+MAX_SKIP = 8  # steps skipped at most between two drafting steps
 
 
 class Batch:
@@ -47,10 +51,12 @@ class Batch:
         self.layer_types = layer_types
         self.window = window
         self.active = [i for i, g in enumerate(rows) if not g.done]
-        # after a bare step (no row's tree paid), drafting is skipped for `backoff` steps, then
-        # tried again (1, 2, 4, ... 64 steps): a large batch decodes as plainly as model.generate
+        # after a bare step (no row's tree paid) drafting is skipped for `backoff` steps, then tried
+        # again (1, 2, 4, 8 steps), once the first steps have taught the budget what trees are worth:
+        # a batch too large for trees to pay decodes almost as plainly as model.generate
         self.skipped = 0
         self.backoff = 0
+        self.drafted = 0
         self.stats = DecodeStats(method=rows[0].stats.method, budget=rows[0].stats.budget,
                                  num_masks=rows[0].stats.num_masks, masks=rows[0].stats.masks, memory=rows[0].stats.memory)
 
@@ -131,8 +137,9 @@ def batch_step(batch: Batch) -> None:
     else:
         trees = [propose(g) for g in rows]
         plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows])
-        bare = all(p.num_inputs == 1 for p in plans)
-        batch.skipped, batch.backoff = 0, (min(max(2 * batch.backoff, 1), MAX_BACKOFF) if bare else 0)
+        batch.drafted += 1
+        bare = all(p.num_inputs == 1 for p in plans) and batch.drafted > BARE_WARMUP
+        batch.skipped, batch.backoff = 0, (min(max(2 * batch.backoff, 1), MAX_SKIP) if bare else 0)
     layouts, inputs = lay_out_batch(batch, rows, plans)
     t0 = time.perf_counter()
     logits = batch.forward(inputs, keep=[layout.num_inputs for layout in layouts])
