@@ -68,6 +68,17 @@ def _sweep_parser(parse):
     return parse_list
 
 
+class _SweepAction(argparse.Action):
+    """A comma-list option that may also be repeated: ``--masks a --masks b`` means ``--masks a,b``
+    (the first occurrence replaces the command's default, later ones add to it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_sweeps_given", set())
+        before = tuple(getattr(namespace, self.dest) or ()) if self.dest in given else ()
+        setattr(namespace, self.dest, tuple(dict.fromkeys(before + tuple(values))))
+        namespace._sweeps_given = given | {self.dest}
+
+
 def option_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -94,6 +105,8 @@ def add_config_arguments(p: argparse.ArgumentParser, sweep: bool = False, defaul
                       default=None if default_text is None else (_sweep_parser(parse) if many else parse)(default_text))
         if choices and not many:
             kwargs["choices"] = choices
+        if many:
+            kwargs["action"] = _SweepAction
         group.add_argument(option_name(field.name), *aliases.get(field.name, ()), **kwargs)
 
 

@@ -100,7 +100,7 @@ def test_threshold_zero_matches_the_rule(smollm2, decoder, references, k):
     model, _ = smollm2
     compared = 0
     for ids, _ in references:
-        out = decoder.generate(ids, max_new_tokens=18, num_masks=k, budget=2 * (k + 1), acceptance="confadapt",
+        out = decoder.generate(ids, max_new_tokens=18, masks="prompt_mean", num_masks=k, budget=2 * (k + 1), acceptance="confadapt",
                                threshold=0.0, mask_update=0.0, return_dict_in_generate=True)
         expected, safe = _rule_reference(model, ids, k, 18)
         got = out.sequences[0, ids.shape[1]:].tolist()

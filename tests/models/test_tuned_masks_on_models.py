@@ -164,7 +164,8 @@ def test_bundled_vectors_are_lossless_and_accept_more(smollm2, greedy_cases):
         out = decoder.generate(ids, max_new_tokens=24, masks="bundled", num_masks=k, budget=30,
                                return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref)
-        plain = decoder.generate(ids, max_new_tokens=24, num_masks=k, budget=30, return_dict_in_generate=True)
+        plain = decoder.generate(ids, max_new_tokens=24, masks="prompt_mean", num_masks=k, budget=30,
+                                 return_dict_in_generate=True)
         tuned_steps += len(out.stats.accepted_lengths)
         tuned_tokens += sum(out.stats.accepted_lengths)
         plain_steps += len(plain.stats.accepted_lengths)

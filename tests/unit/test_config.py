@@ -56,6 +56,9 @@ def test_sweep_options_take_comma_lists():
     args = parser.parse_args(["--budget", "10,auto,10", "--drafter", "esp,pld"])
     assert args.budget == (10, "auto") and args.drafter == ("esp", "pld")
     assert parser.parse_args([]).budget == (30,)
+    # repeated, an option adds to its list (the first occurrence replaces the default)
+    args = parser.parse_args(["--budget", "10", "--budget", "60,10", "--masks", "prompt_mean", "--masks", "a/b.safetensors"])
+    assert args.budget == (10, 60) and args.masks == ("prompt_mean", "a/b.safetensors")
 
 
 def test_drafter_choices_come_from_the_registry():
