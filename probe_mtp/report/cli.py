@@ -165,6 +165,9 @@ def prepare_run(args, loaded=None, default: bool = True):
         check_output_folder(args.out)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    busy = busy_machine_note(torch.get_num_threads())
+    if busy:
+        progress_console.print(f"[yellow]{busy}[/yellow]", highlight=False)
     if loaded is None:
         from ..loading import load_model
 
@@ -173,6 +176,27 @@ def prepare_run(args, loaded=None, default: bool = True):
     else:
         model, tokenizer = loaded
     return console, progress_console, settings, prompts, model, tokenizer
+
+
+def busy_machine_note(threads: int, load: float | None = None, cores: int | None = None) -> str | None:
+    """A warning when other work already keeps the machine's cores busy (the load average over the
+    last minute, ``load``, is at least one core's worth and this process would use every core):
+    torch's threads then wait on each other at every operation and a run can take several times
+    longer (the speedups, ratios within one run, stay comparable).  None on a quiet machine."""
+    import os
+
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on every platform
+            return None
+    cores = cores or os.cpu_count() or 1
+    if threads < 2 or load < 1.0 or threads < cores:
+        return None
+    return (f"the machine is busy (load average {load:.1f} over the last minute on {cores} cores): with torch's "
+            f"{threads} threads competing with that work, every operation waits for a descheduled thread and this "
+            "run can take several times longer than on a quiet machine; --threads 1 avoids it (the speedups are "
+            "then measured at 1 thread)")
 
 
 def describe_run(settings, prompts) -> str:

@@ -44,8 +44,9 @@ def ratio_interval(pairs: list[tuple[float, float]], level: float = INTERVAL_LEV
                    seed: int = INTERVAL_SEED) -> tuple[float, float] | None:
     """The ``level`` interval of ``sum(baseline) / sum(method)`` over ``pairs`` of
     ``(baseline seconds, method seconds)``, one pair per prompt turn: a paired percentile bootstrap
-    (resample the turns with replacement, ratio of the sums).  None without pairs."""
-    if not pairs:
+    (resample the turns with replacement, ratio of the sums).  None for fewer than two pairs (one
+    turn says nothing of how the speedup varies between prompts)."""
+    if len(pairs) < 2:
         return None
     base = np.array([b for b, _ in pairs], dtype=float)
     own = np.array([m for _, m in pairs], dtype=float)
@@ -71,9 +72,9 @@ def _ratio(baseline: dict[tuple, float], rs: list[dict]) -> float | None:
 
 def _interval(baseline: dict[tuple, float], rs: list[dict]) -> tuple[float | None, float | None]:
     pairs = [(baseline[record_key(r)], float(r["seconds"])) for r in rs if record_key(r) in baseline]
-    if not pairs or any(m <= 0 for _, m in pairs):
+    if any(m <= 0 for _, m in pairs):
         return None, None
-    return ratio_interval(pairs)
+    return ratio_interval(pairs) or (None, None)
 
 
 def aggregate(rs: list[dict], greedy_seconds: dict[tuple, float], pld_seconds: dict[tuple, float]) -> dict:
@@ -179,21 +180,35 @@ def pass_sizes(records: list[dict]) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def _versus(low, high, name: str) -> str:
+def _versus(low, high) -> str:
+    """``faster`` / ``slower`` where the interval lies wholly above / below 1, else ``unclear``."""
     if low is None or high is None:
-        return f"no interval against {name}"
+        return "unclear"
     if low > 1:
-        return f"faster than {name}"
+        return "faster"
     if high < 1:
-        return f"slower than {name}"
-    return f"no clear difference from {name}"
+        return "slower"
+    return "unclear"
+
+
+_PHRASES = {"faster": "faster than {}", "slower": "slower than {}", "unclear": "not clearly faster or slower than {}"}
+
+
+def _in_words(versus: list[tuple[str, str]]) -> str:
+    """``[("faster", "model.generate"), ...]`` -> ``faster than both`` and the like."""
+    kinds = {kind for kind, _ in versus}
+    if len(versus) > 1 and len(kinds) == 1:
+        kind = kinds.pop()
+        return {"faster": "faster than both", "slower": "slower than both",
+                "unclear": "not clearly faster or slower than either"}[kind]
+    return ", ".join(_PHRASES[kind].format(name) for kind, name in versus)
 
 
 def verdict(summary: list[dict], label: str = DEFAULT, memory: str | None = None) -> str | None:
     """The verdict line of the default configuration, from its overall summary row, e.g.
     ``default decoder: 1.31x model.generate (95% interval 1.22-1.40), identical on 12/12; 1.18x
-    transformers' prompt lookup: faster than model.generate and faster than transformers' prompt
-    lookup``.  "Faster" / "slower" only where the 95% interval lies wholly above / below 1;
+    transformers' prompt lookup: faster than both``.  "Faster" / "slower" only where the 95%
+    interval lies wholly above / below 1 (none for a single prompt turn);
     ``memory`` ("warm" / "cold") is named after "default decoder".  None when the summary has no
     overall row for ``label``."""
     row = next((r for r in summary if r["task"] == OVERALL and r["label"] == label), None)
@@ -205,12 +220,12 @@ def verdict(summary: list[dict], label: str = DEFAULT, memory: str | None = None
     low, high = row.get("speedup_vs_greedy_low"), row.get("speedup_vs_greedy_high")
     span = f" (95% interval {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
     text = f"{name}: {row['speedup_vs_greedy']:.2f}x model.generate{span}, identical on {row['identical']}/{row['n']}"
-    words = [_versus(low, high, "model.generate")]
+    versus = [(_versus(low, high), "model.generate")]
     if row.get("speedup_vs_hf_pld") is not None:
         text += f"; {row['speedup_vs_hf_pld']:.2f}x transformers' prompt lookup"
-        words.append(_versus(row.get("speedup_vs_hf_pld_low"), row.get("speedup_vs_hf_pld_high"),
-                             "transformers' prompt lookup"))
-    return f"{text}: {' and '.join(words)}"
+        versus.append((_versus(row.get("speedup_vs_hf_pld_low"), row.get("speedup_vs_hf_pld_high")),
+                       "transformers' prompt lookup"))
+    return f"{text}: {_in_words(versus)}"
 
 
 DEFAULT_CONFIGURATION = (

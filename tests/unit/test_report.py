@@ -187,8 +187,8 @@ DEFAULT_RECS = [
     _rec(DEFAULT, "b", 7, 1.5, [2], turn=2, inputs=[17]),
 ]
 VERDICT = ("default decoder (warm): 2.00x model.generate (95% interval 2.00-2.00), identical on 4/4; 1.60x "
-           "transformers' prompt lookup: faster than model.generate and no clear difference from transformers' "
-           "prompt lookup")
+           "transformers' prompt lookup: faster than model.generate, not clearly faster or slower than "
+           "transformers' prompt lookup")
 
 
 def _hand_made_report() -> Report:
@@ -254,7 +254,14 @@ def test_verdict_line_is_computed_from_the_records():
     mixed += [_rec(DEFAULT, "a", q, t, [1]) for q, t in enumerate((0.5, 2.0, 0.5, 2.0))]
     line = verdict(summarize(mixed), DEFAULT, "cold")
     assert line.startswith("default decoder (cold): 0.80x model.generate (95% interval ")
-    assert line.endswith("identical on 4/4: no clear difference from model.generate")
+    assert line.endswith("identical on 4/4: not clearly faster or slower than model.generate")
+    # faster than both baselines on every turn
+    both = [_rec(GREEDY, "a", q, 2.0, [1]) for q in range(3)] + [_rec(HF_PLD, "a", q, 1.5, [1]) for q in range(3)]
+    both += [_rec(DEFAULT, "a", q, 1.0, [2]) for q in range(3)]
+    assert verdict(summarize(both)).endswith("; 1.50x transformers' prompt lookup: faster than both")
+    # a single prompt turn: no interval, so no claim either way
+    one = verdict(summarize(both[:1] + both[3:4] + both[6:7]))
+    assert "interval" not in one and one.endswith(": not clearly faster or slower than either")
     assert verdict(summarize(HAND_MADE)) is None  # no default row
 
 
@@ -267,7 +274,7 @@ def test_speedup_interval_is_a_paired_bootstrap_over_prompts():
     point = sum(b for b, _ in pairs) / sum(m for _, m in pairs)
     assert min(b / m for b, m in pairs) <= low < point < high <= max(b / m for b, m in pairs)
     assert ratio_interval(pairs) == (low, high)  # fixed seed: the same interval every time
-    assert ratio_interval([]) is None
+    assert ratio_interval([]) is None and ratio_interval([(2.0, 1.0)]) is None  # one turn: no spread
 
 
 def test_terminal_output_leads_with_the_default_table_and_verdict():

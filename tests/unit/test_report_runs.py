@@ -59,6 +59,16 @@ def test_cold_gives_every_prompt_an_empty_memory():
     assert _settings("bench", "--stream", "conversation", default=False).stream == "conversation"
 
 
+def test_a_busy_machine_is_named_before_the_run():
+    from probe_mtp.report.cli import busy_machine_note
+
+    assert busy_machine_note(2, load=0.3, cores=2) is None
+    assert busy_machine_note(1, load=3.0, cores=2) is None  # one thread leaves a core to the other work
+    assert busy_machine_note(4, load=3.0, cores=16) is None  # threads to spare
+    note = busy_machine_note(2, load=1.9, cores=2)
+    assert "load average 1.9" in note and "--threads 1" in note
+
+
 # --------------------------------------------------------------------------- bad input
 
 
