@@ -25,11 +25,17 @@ SETTINGS_TYPES = {
     "acceptance": list,
     "threshold": float,
     "knobs": dict,
+    "default": bool,
+    "memory": list,
+    "stream": str,
+    "method_limit": (int, type(None)),
+    "full": bool,
 }
 ENVIRONMENT_TYPES = {
     "torch_threads": int,
     "torch_interop_threads": int,
     "cpu_count": (int, type(None)),
+    "processor": (str, type(None)),
     "python": str,
     "platform": str,
     "torch": str,
@@ -51,6 +57,7 @@ RECORD_TYPES = {
     "category": str,
     "question_id": int,
     "turn": int,
+    "ask": int,
     "order": int,
     "prompt_tokens": int,
     "new_tokens": int,
@@ -66,6 +73,7 @@ RECORD_TYPES = {
     "identical_to_greedy": bool,
     "first_mismatch": OPT_INT,
     "masks": (str, type(None)),
+    "memory": (str, type(None)),
     "acceptance": str,
     "matching_tokens": int,
     "compared_tokens": int,
@@ -74,12 +82,17 @@ RECORD_TYPES = {
 SUMMARY_KEYS = {
     "task", "label", "method", "kind", "budget", "num_masks", "n", "new_tokens", "forward_passes", "steps",
     "tau", "tokens_per_pass", "seconds", "tokens_per_second", "speedup_vs_greedy", "speedup_vs_hf_pld",
-    "identical", "all_identical", "agreement",
+    "identical", "all_identical", "agreement", "speedup_vs_greedy_low", "speedup_vs_greedy_high",
+    "speedup_vs_hf_pld_low", "speedup_vs_hf_pld_high",
 }
+DEFAULT_KEYS = {"configuration", "labels", "budget", "memory", "masks", "pass_sizes", "verdict", "runs", "interval",
+                "summary"}
+EQUAL_BUDGET_KEYS = {"budgets", "labels", "pass_cost_relative_to_one_token", "note"}
 
 
 def check_schema(doc: dict) -> None:
-    assert set(doc) == {"schema", "settings", "environment", "started_at", "total_seconds", "methods", "records", "summary"}
+    assert set(doc) == {"schema", "settings", "environment", "started_at", "total_seconds", "methods", "default",
+                        "equal_budget", "records", "summary"}
     assert doc["schema"] == SCHEMA
     assert isinstance(doc["started_at"], str) and isinstance(doc["total_seconds"], (int, float))
     assert doc["methods"][:2] == [GREEDY, HF_PLD]
@@ -99,3 +112,18 @@ def check_schema(doc: dict) -> None:
         assert r["label"] in doc["methods"]
     for row in doc["summary"]:
         assert set(row) == SUMMARY_KEYS
+
+    default = doc["default"]
+    if doc["settings"]["default"]:
+        assert set(default) == DEFAULT_KEYS
+        assert default["budget"] == "auto"  # the adaptive budget, never a number it did not use
+        assert default["memory"] in ("warm", "cold") or isinstance(default["memory"], list)
+        assert isinstance(default["verdict"], str) and default["verdict"].startswith("default decoder")
+        assert all(isinstance(k, str) and int(k) >= 1 and v >= 1 for k, v in default["pass_sizes"].items())
+        for row in default["summary"]:
+            assert set(row) == SUMMARY_KEYS and row["label"] in [GREEDY, HF_PLD, *default["labels"]]
+        assert doc["methods"][2] == default["labels"][0]  # the default configuration right after the baselines
+    else:
+        assert default is None
+    if doc["equal_budget"] is not None:
+        assert set(doc["equal_budget"]) == EQUAL_BUDGET_KEYS

@@ -1,15 +1,19 @@
-"""``probe-mtp report``: every method and the two transformers baselines, side by side in one run.
+"""``probe-mtp report``: the default configuration against the two transformers baselines first
+(verdict line), then every drafter at an equal block complexity, side by side in one run.
 
-- :mod:`.harness`: the methods (probe-mtp drafters, ``model.generate`` greedy, transformers' prompt
-  lookup), the prompt-major timing loop and the per-prompt records;
-- :mod:`.summary`: aggregation per Spec-Bench task and overall (tau, tokens/s, speedups, lossless);
-- :mod:`.outputs`: report.json, records.csv, summary.md and the terminal table;
+- :mod:`.harness`: the methods (the default configuration, probe-mtp drafters, ``model.generate``
+  greedy, transformers' prompt lookup), the prompt-major timing loop and the per-prompt records;
+- :mod:`.streams`: the prompt streams (Spec-Bench in order, each prompt twice, conversations);
+- :mod:`.summary`: aggregation per Spec-Bench task and overall (tau, tokens/s, speedups with 95%
+  intervals, lossless), the verdict line;
+- :mod:`.outputs`: report.json, records.csv, summary.md and the terminal tables;
 - :mod:`.plots`: PNG figures (matplotlib, Agg canvas, no pyplot state);
 - :mod:`.cli`: the ``report`` subcommand.
 """
 
 from .harness import (
     BASELINES,
+    DEFAULT,
     GREEDY,
     HF_PLD,
     Report,
@@ -24,6 +28,7 @@ from .summary import summarize
 
 __all__ = [
     "BASELINES",
+    "DEFAULT",
     "GREEDY",
     "HF_PLD",
     "Report",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .harness import GREEDY, HF_PLD, Report
+from .summary import record_key
 
 OVERALL = "overall"
 
@@ -109,17 +110,22 @@ def speed_rows(reports: list[Report], curve=None) -> list[SpeedRow]:
         def pick(report, label):
             return [r for r in report.records if r["label"] == label and (task == OVERALL or r["task"] == task)]
 
+        def ratio(rep, baseline, label):
+            base = {record_key(r): r["seconds"] for r in pick(rep, baseline)}
+            mine = [r for r in pick(rep, label) if record_key(r) in base]
+            own = sum(r["seconds"] for r in mine)
+            return sum(base[record_key(r)] for r in mine) / own if own > 0 else float("nan")
+
         for label in labels:
-            speedups, vs_pld = [], []
-            for rep in reports:
-                mine = sum(r["seconds"] for r in pick(rep, label))
-                speedups.append(sum(r["seconds"] for r in pick(rep, GREEDY)) / mine)
-                vs_pld.append(sum(r["seconds"] for r in pick(rep, HF_PLD)) / mine)
             recs = pick(first, label)
+            if not recs:
+                continue
+            speedups = [ratio(rep, GREEDY, label) for rep in reports]
+            vs_pld = [ratio(rep, HF_PLD, label) for rep in reports]
             kind = recs[0]["kind"]
             accepted = [a for r in recs for a in (r["accepted_lengths"] or [])]
             tau = sum(accepted) / len(accepted) if accepted else None
-            probe = kind == "probe"
+            probe = kind in ("probe", "default")
             rows.append(
                 SpeedRow(
                     task,

@@ -7,29 +7,56 @@ import argparse
 from ..config import ProbeConfig
 from ..loading import DEFAULT_MODEL
 from ..options import add_config_arguments, add_model_arguments, config_from_args
+from .streams import STREAMS
 
 DEFAULT_OUT = "report-out"
 
 
+# What `probe-mtp report` measures without options (sized to finish in about 4 minutes on a 2-core
+# CPU, model load and cost curve included), and with --full (every task, every drafter, more prompts).
+QUICK = {"limit": 1, "max_new_tokens": 32, "methods": ("hybrid", "esp", "pld", "lookahead", "stand")}
+FULL = {"limit": 4, "max_new_tokens": 128, "methods": None}
+
+
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
+    quick_methods = ", ".join(QUICK["methods"])
     r = subparsers.add_parser(
         "report",
-        help="tau, tokens/s, speedup and losslessness of every method on Spec-Bench, against model.generate "
-        "and transformers' prompt lookup measured in the same run",
-        description="Runs a prompt set through the chosen probe-mtp methods and the two transformers baselines "
-        "(model.generate greedy, and prompt lookup with prompt_lookup_num_tokens=10), prompt by prompt, and "
-        "reports per Spec-Bench task and overall: mean accepted length tau, tokens/s, speedups, and whether "
-        "each output is identical to model.generate's.",
+        help="the default decoder against model.generate and transformers' prompt lookup (verdict first), then "
+        "tau, tokens/s, speedup and losslessness of every drafter at equal block complexity",
+        description="Runs the Spec-Bench prompts, prompt by prompt, through the default configuration (exactly "
+        "probe_mtp.generate(model, ids): drafter hybrid, budget auto, masks auto, drafting memory kept across "
+        "requests), model.generate greedy and transformers' prompt lookup (prompt_lookup_num_tokens=10), and "
+        "prints that comparison first, per task and overall, with a one-line verdict; then every drafter at an "
+        "equal block complexity (the paper's tau comparison). Decoder options change the equal-budget drafters "
+        "only; the default configuration is always measured as it comes. "
+        f"Default run: {QUICK['limit']} prompt per task, {QUICK['max_new_tokens']} new tokens, drafters "
+        f"{quick_methods} (about 4 minutes on 2 cores); --full: {FULL['limit']} prompts per task, "
+        f"{FULL['max_new_tokens']} new tokens, every drafter.",
     )
-    add_run_arguments(r, budget="30", limit=2, tokens=64)
+    add_run_arguments(r, budget="30", limit=None, tokens=None, warmup=8,
+                      drafters=f"{quick_methods}; --full: every drafter",
+                      limit_note=f"{QUICK['limit']}, balanced over each task's categories; --full: {FULL['limit']}",
+                      tokens_note=f"{QUICK['max_new_tokens']}; --full: {FULL['max_new_tokens']}")
+    r.add_argument("--full", action="store_true",
+                   help=f"the complete comparison: {FULL['limit']} prompts per task, {FULL['max_new_tokens']} new tokens, "
+                   "every drafter (ar included) on every prompt (options given explicitly still win)")
+    r.add_argument("--cold", action="store_true",
+                   help="decode every prompt with an empty drafting memory, as a fresh decoder per prompt would "
+                   "(default: warm, one decoder per method serves the whole prompt stream, as a long-running process)")
+    r.add_argument("--fixed-limit", type=int, default=None, metavar="N",
+                   help="prompts per task that the equal-budget drafters run on, the first of the selected ones "
+                   "(default: all of them), so that more prompts can go to the default configuration's table")
     r.set_defaults(func=cmd_report)
     return r
 
 
-def add_run_arguments(r, budget: str, limit: int, tokens: int, drafters: str = "every drafter") -> None:
+def add_run_arguments(r, budget: str, limit: int | None, tokens: int | None, drafters: str = "every drafter",
+                      limit_note: str | None = None, tokens_note: str | None = None, warmup: int = 16) -> None:
     """The options ``report`` and ``bench`` share: the model, the prompts, and every decoder knob of
     :class:`~probe_mtp.config.ProbeConfig` (``--drafter``, ``--budget``, ``--masks`` and
-    ``--acceptance`` take comma lists: every value is measured)."""
+    ``--acceptance`` take comma lists: every value is measured).  ``limit`` / ``tokens`` None: the
+    command resolves them (``limit_note`` / ``tokens_note`` say how)."""
     add_model_arguments(r)
     add_config_arguments(r, sweep=True, defaults={"budget": budget}, aliases={"drafter": ("--methods",)},
                          notes={"drafter": drafters})
@@ -38,11 +65,13 @@ def add_run_arguments(r, budget: str, limit: int, tokens: int, drafters: str = "
     r.add_argument("--tasks", default=None,
                    help="comma list of tasks (default: all; Spec-Bench: mt_bench, translation, summarization, qa, "
                    "math_reasoning, rag)")
-    r.add_argument("--limit", type=int, default=limit, help=f"prompts per task (default {limit}; 0 = all)")
-    r.add_argument("--max-new-tokens", type=int, default=tokens, help=f"new tokens per turn (default {tokens})")
+    r.add_argument("--limit", type=int, default=limit,
+                   help=f"prompts per task (default {limit_note or limit}; 0 = all)")
+    r.add_argument("--max-new-tokens", type=int, default=tokens,
+                   help=f"new tokens per turn (default {tokens_note or tokens})")
     r.add_argument("--seed", type=int, default=0, help="torch seed and the masks' sampling seed (default 0)")
-    r.add_argument("--warmup-tokens", type=int, default=16,
-                   help="tokens of the untimed warm-up generation of each method (default 16)")
+    r.add_argument("--warmup-tokens", type=int, default=warmup,
+                   help=f"tokens of the untimed warm-up generation of each method (default {warmup})")
     r.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     r.add_argument("--out", default=DEFAULT_OUT,
                    help=f"folder for report.json, records.csv, summary.md and the PNG plots (default {DEFAULT_OUT}/; "
@@ -54,55 +83,91 @@ def add_run_arguments(r, budget: str, limit: int, tokens: int, drafters: str = "
 SWEPT = ("drafter", "budget", "masks", "acceptance")
 
 
-def settings_from_args(args):
-    """Validated :class:`ReportSettings` (raises ValueError before any model is loaded)."""
-    from .harness import PROMPT_MEAN, ReportSettings, parse_budgets, resolve_methods
+def memory_from_args(args) -> tuple[str, ...]:
+    """``--cold`` (report, bench) and ``--memory warm,cold`` (bench): the memory modes to measure."""
+    from .harness import parse_memory
 
+    cold = bool(getattr(args, "cold", False))
+    given = getattr(args, "memory", None)
+    if given is None:
+        return ("cold",) if cold else ("warm",)
+    modes = parse_memory(given)
+    if cold and modes != ("cold",):
+        raise ValueError(f"--cold and --memory {given} disagree; use one of them")
+    return modes
+
+
+def settings_from_args(args, default: bool = True):
+    """Validated :class:`ReportSettings` (raises ValueError before any model is loaded);
+    ``default``: measure the default configuration (the report: yes; the bench: no)."""
+    from .harness import ReportSettings, parse_budgets, resolve_methods
+
+    mode = FULL if getattr(args, "full", False) else QUICK
     tasks = None
     if args.tasks:
         tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) or None
     dtype = str(args.dtype).removeprefix("torch.")
-    masks = tuple(None if m in (PROMPT_MEAN, "none") else m for m in (args.masks or (PROMPT_MEAN,)))
+    masks = tuple(dict.fromkeys(str(m) for m in (args.masks or ("auto",))))
     knobs = {k: v for k, v in config_from_args(args).items() if k not in SWEPT + ("num_masks", "threshold")}
+    limit = args.limit if args.limit is not None else mode["limit"]
+    tokens = args.max_new_tokens if args.max_new_tokens is not None else mode["max_new_tokens"]
+    drafters = args.drafter if args.drafter is not None else mode["methods"]
+    method_limit = getattr(args, "fixed_limit", None)  # the report's option
+    if method_limit is not None and method_limit < 1:
+        raise ValueError(f"--fixed-limit must be >= 1, got {method_limit}")
+    if method_limit is not None and limit and method_limit >= limit:
+        method_limit = None  # every selected prompt
     return ReportSettings(
         model=args.model or DEFAULT_MODEL,
         dtype=dtype,
         prompts=args.prompts,
         tasks=tasks,
-        limit=args.limit,
-        max_new_tokens=args.max_new_tokens,
-        methods=resolve_methods(args.drafter),
+        limit=limit,
+        max_new_tokens=tokens,
+        methods=resolve_methods(drafters),
         budgets=parse_budgets(args.budget),
         num_masks=args.num_masks if args.num_masks is not None else ProbeConfig.default("num_masks"),
         seed=args.seed,
         warmup_tokens=args.warmup_tokens,
-        masks=tuple(dict.fromkeys(masks)),
+        masks=masks,
         acceptance=tuple(args.acceptance or ("verify",)),
         threshold=args.threshold if args.threshold is not None else ProbeConfig.default("threshold"),
         knobs=knobs,
+        default=default,
+        memory=memory_from_args(args),
+        stream=getattr(args, "stream", None) or "specbench",
+        method_limit=method_limit,
+        full=bool(getattr(args, "full", False)),
     )
 
 
-def prepare_run(args, loaded=None):
-    """Shared by ``report`` and ``bench``: consoles, torch threads, validated settings, prompts and
-    the model (``loaded``: an already loaded ``(model, tokenizer)``, else ``--model`` is loaded)."""
+def prepare_run(args, loaded=None, default: bool = True):
+    """Shared by ``report`` and ``bench``: consoles, torch threads, validated settings, prompts, the
+    output folder checked, and the model (``loaded``: an already loaded ``(model, tokenizer)``, else
+    ``--model`` is loaded).  Every check runs before the model is loaded."""
     import os
 
     import torch
     from rich.console import Console
 
     from .harness import select_prompts
+    from .outputs import check_output_folder
 
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=140)  # piped: rich would assume 80 columns and squeeze the table
+        console = Console(width=160)  # piped: rich would assume 80 columns and squeeze the tables
     progress_console = Console(stderr=True)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    settings = settings_from_args(args)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    settings = settings_from_args(args, default=default)
     prompts = select_prompts(settings)
+    if args.out and args.out != "-":
+        check_output_folder(args.out)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    busy = busy_machine_note(torch.get_num_threads())
+    if busy:
+        progress_console.print(f"[yellow]{busy}[/yellow]", highlight=False)
     if loaded is None:
         from ..loading import load_model
 
@@ -113,26 +178,57 @@ def prepare_run(args, loaded=None):
     return console, progress_console, settings, prompts, model, tokenizer
 
 
+def busy_machine_note(threads: int, load: float | None = None, cores: int | None = None) -> str | None:
+    """A warning when other work already keeps the machine's cores busy (the load average over the
+    last minute, ``load``, is at least one core's worth and this process would use every core):
+    torch's threads then wait on each other at every operation and a run can take several times
+    longer (the speedups, ratios within one run, stay comparable).  None on a quiet machine."""
+    import os
+
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on every platform
+            return None
+    cores = cores or os.cpu_count() or 1
+    if threads < 2 or load < 1.0 or threads < cores:
+        return None
+    return (f"the machine is busy (load average {load:.1f} over the last minute on {cores} cores): with torch's "
+            f"{threads} threads competing with that work, every operation waits for a descheduled thread and this "
+            "run can take several times longer than on a quiet machine; --threads 1 avoids it (the speedups are "
+            "then measured at 1 thread)")
+
+
+def describe_run(settings, prompts) -> str:
+    """One line: what the run measures."""
+    from .harness import method_prompts
+    from .streams import build_stream, stream_turns
+
+    turns = stream_turns(build_stream(prompts, settings.stream))
+    methods = ["generate", "hf-pld"] + (["default (hybrid, budget auto)"] if settings.default else [])
+    text = (f"{len(prompts)} prompts ({turns} turns), {settings.max_new_tokens} new tokens, memory "
+            f"{'/'.join(settings.memory)}, methods: {', '.join(methods)}")
+    if settings.methods:
+        covered = method_prompts(prompts, settings)
+        text += (f"; at BC {', '.join(map(str, settings.budgets))}: {', '.join(settings.methods)}"
+                 + (f" on {len(covered)} of the prompts" if len(covered) < len(prompts) else ""))
+    return text
+
+
 def cmd_report(args, loaded=None) -> int:
     """Run the report.  ``loaded``: an already loaded ``(model, tokenizer)`` (tests, notebooks);
     otherwise ``--model`` is loaded."""
     import sys
 
     from .harness import run_report
-    from .outputs import rich_table, write_outputs
+    from .outputs import print_report, write_outputs
 
     console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded)
-    turns = sum(len(p.turns) for p in prompts)
-    progress_console.print(
-        f"{len(prompts)} prompts ({turns} turns), {settings.max_new_tokens} new tokens, methods: generate, hf-pld"
-        + "".join(f", {m}" for m in settings.methods)
-        + (f" at BC {', '.join(map(str, settings.budgets))}" if settings.methods else ""),
-        highlight=False,
-    )
+    progress_console.print(describe_run(settings, prompts), highlight=False)
     report = run_report(
         model, tokenizer, settings, prompts, progress=not args.no_progress, console=progress_console
     )
-    console.print(rich_table(report))
+    print_report(report, console)
     bad = sum(1 for r in report.records if not r["identical_to_greedy"])
     if bad:
         console.print(f"[red]{bad} of {len(report.records)} outputs differ from model.generate greedy[/red]"
@@ -140,6 +236,7 @@ def cmd_report(args, loaded=None) -> int:
     if args.out and args.out != "-":
         written = write_outputs(report, args.out, plots=not args.no_plots)
         console.print(f"wrote {', '.join(str(p) for p in written)}", highlight=False)
+    console.print(f"measured in {report.total_seconds:.0f} s (model load excluded)", highlight=False)
     sys.stdout.flush()
     return 0
 
@@ -153,9 +250,19 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         description="Runs the report's prompt-major loop --repeats times and reports per task and overall the "
         "median, min and max speedup over model.generate greedy (ratios within one repetition), the share of "
         "each probe step spent outside the model's forward pass, and the speedup bound of the method's passes "
-        "on this machine's measured cost curve.",
+        "on this machine's measured cost curve. Each probe method has one decoder for the whole prompt stream "
+        "(warm drafting memory, as a long-running process) unless --cold; --memory warm,cold measures both in "
+        "the same run; --stream chooses the prompt stream.",
     )
     add_run_arguments(b, budget="auto,30", limit=4, tokens=128, drafters="esp")
+    b.add_argument("--stream", default="specbench", choices=STREAMS,
+                   help="the prompt stream: specbench (the Spec-Bench prompts in order, default), repeat (every "
+                   "prompt asked twice in a row), conversation (one conversation per task: the task's prompts as "
+                   "successive user turns, the model's greedy answers as assistant turns)")
+    b.add_argument("--memory", default=None, metavar="warm,cold",
+                   help="drafting memory of the probe methods: warm (one decoder per method for the whole stream, "
+                   "default), cold (an empty memory for every prompt) or warm,cold (each method both ways, same run)")
+    b.add_argument("--cold", action="store_true", help="the same as --memory cold")
     b.add_argument("--repeats", type=int, default=3, help="repetitions of the whole run (default 3)")
     b.add_argument("--memory-tokens", type=int, default=0,
                    help="also measure peak memory of one generation of this many tokens, model.generate against "
@@ -185,7 +292,7 @@ def cmd_bench(args, loaded=None) -> int:
         raise ValueError(f"--memory-tokens must be >= 0, got {args.memory_tokens}")
     if args.drafter is None:
         args.drafter = ("esp",)
-    console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded)
+    console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded, default=False)
     probe = ProbeDecoder(model, tokenizer)
     curve = probe.cost_curve(probe.config)
     progress_console.print(f"cost curve: {curve}", highlight=False)
@@ -195,8 +302,9 @@ def cmd_bench(args, loaded=None) -> int:
         reports.append(run_report(model, tokenizer, settings, prompts, progress=not args.no_progress,
                                   console=progress_console))
     rows = speed_rows(reports, curve)
-    title = (f"probe-mtp bench: {settings.model}, {len(prompts)} prompts, {settings.max_new_tokens} tokens, "
-             f"{args.repeats} repetitions, {torch.get_num_threads()} threads")
+    title = (f"probe-mtp bench: {settings.model}, {len(prompts)} prompts, stream {settings.stream}, "
+             f"{settings.max_new_tokens} tokens, {args.repeats} repetitions, {torch.get_num_threads()} threads, "
+             f"memory {'/'.join(settings.memory)}")
     console.print(rich_speed_table(rows, title))
     memory = []
     if args.memory_tokens:
@@ -213,8 +321,9 @@ def cmd_bench(args, loaded=None) -> int:
                 highlight=False,
             )
     if args.out and args.out != "-":
+        from .outputs import memory_sentence
+
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         payload = {
             "settings": settings.as_dict(),
             "repeats": args.repeats,
@@ -223,8 +332,32 @@ def cmd_bench(args, loaded=None) -> int:
             "memory": memory,
             "reports": [r.as_dict() for r in reports],
         }
-        (out / "bench.json").write_text(json.dumps(payload, indent=1))
-        (out / "bench.md").write_text(f"# {title}\n\n{curve}\n\n" + markdown_speed_table(rows))
+        write_files(out, {
+            "bench.json": json.dumps(payload, indent=1),
+            "bench.md": f"# {title}\n\n{curve}\n\nMemory: {memory_sentence(settings.memory)}.\n\n"
+            + markdown_speed_table(rows),
+        })
         console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", highlight=False)
     sys.stdout.flush()
     return 0
+
+
+def write_files(out, texts: dict[str, str]) -> None:
+    """Write ``{name: text}`` into ``out`` through a temporary folder beside it (nothing is written
+    to ``out`` unless every file was)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    out = Path(out)
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    try:
+        for name, text in texts.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in texts:
+            (staging / name).replace(out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

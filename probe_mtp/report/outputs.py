@@ -1,14 +1,22 @@
-"""Writing a report: report.json, records.csv, summary.md, PNG plots, and the terminal table."""
+"""Writing a report: report.json, records.csv, summary.md, PNG plots, and the terminal tables.
+
+Every output opens with the default configuration (the verdict line, then its table against the
+two baselines), then the equal-budget comparison of every drafter.  :func:`write_outputs` writes
+into a temporary folder beside the destination and moves the files into place only when all of
+them were written, so a failure never leaves a half-written output folder.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import shutil
+import tempfile
 from pathlib import Path
 
 from .harness import GREEDY, HF_PLD, Report
-from .summary import OVERALL
+from .summary import INTERVAL_METHOD, OVERALL, fixed_budget_note, pass_sizes, verdict
 
 RECORD_FIELDS = (
     "method",
@@ -20,6 +28,7 @@ RECORD_FIELDS = (
     "category",
     "question_id",
     "turn",
+    "ask",
     "order",
     "prompt_tokens",
     "new_tokens",
@@ -35,6 +44,7 @@ RECORD_FIELDS = (
     "identical_to_greedy",
     "first_mismatch",
     "masks",
+    "memory",
     "acceptance",
     "matching_tokens",
     "compared_tokens",
@@ -97,28 +107,139 @@ def _labels(summary: list[dict]) -> list[str]:
     return out
 
 
+TASK_SHORT = {"mt_bench": "mt", "translation": "trans", "summarization": "summ", "qa": "qa",
+              "math_reasoning": "math", "rag": "rag", OVERALL: "all"}
+
+
+def memory_sentence(memory: list | tuple | str | None) -> str:
+    """What the memory mode(s) of a report mean."""
+    modes = [memory] if isinstance(memory, str) else list(memory or ["warm"])
+    parts = []
+    if "warm" in modes:
+        parts.append("warm: one ProbeDecoder per method serves the whole prompt stream in order, as a user's "
+                     "long-running process would (its drafting memory learns from every earlier prompt; the untimed "
+                     "warm-up is forgotten first)")
+    if "cold" in modes:
+        parts.append("cold: every prompt starts with an empty drafting memory (ProbeDecoder(memory=False), as a fresh "
+                     "decoder per prompt would)")
+    return "; ".join(parts)
+
+
+def pass_sizes_sentence(sizes: dict) -> str:
+    """``budget 'auto' chose passes of 1-24 inputs (median 9)`` from ``{inputs: passes}``."""
+    counts = {int(k): int(v) for k, v in (sizes or {}).items()}
+    total = sum(counts.values())
+    if not total:
+        return "no decoding step after the prefill"
+    sizes_sorted = sorted(counts)
+    seen, median = 0, sizes_sorted[-1]
+    for size in sizes_sorted:
+        seen += counts[size]
+        if seen * 2 >= total:
+            median = size
+            break
+    single = counts.get(1, 0) / total
+    return (f"budget 'auto' chose passes of {sizes_sorted[0]}-{sizes_sorted[-1]} inputs (median {median}; "
+            f"one-token steps {single:.0%} of {total})")
+
+
+def _default_rows(report: Report, summary: list[dict]) -> tuple[list[str], list[str], dict]:
+    labels = report.default_labels
+    by = {(row["task"], row["label"]): row for row in summary}
+    return labels, _tasks([r for r in summary if r["label"] in labels]), by
+
+
+def _interval(row: dict | None, key: str = "speedup_vs_greedy") -> str:
+    if not row or row.get(f"{key}_low") is None:
+        return "n/a"
+    return f"{row[f'{key}_low']:.2f}-{row[f'{key}_high']:.2f}"
+
+
+def verdict_lines(report: Report, summary: list[dict] | None = None) -> list[str]:
+    """One verdict line per default row (one, unless both memory modes were measured)."""
+    summary = report.summary if summary is None else summary
+    records_memory = {r["label"]: r.get("memory") for r in report.records}
+    lines = [verdict(summary, label, records_memory.get(label)) for label in report.default_labels]
+    return [line for line in lines if line]
+
+
+def default_description(report: Report) -> str:
+    """The configuration of the default row: what it is, which masks and budgets it used."""
+    parts = []
+    for label in report.default_labels:
+        mine = [r for r in report.records if r["label"] == label]
+        masks = sorted({r["masks"] for r in mine if r.get("masks")})
+        memory = sorted({r["memory"] for r in mine if r.get("memory")})
+        parts.append(f"{label}: masks {', '.join(masks) or 'n/a'}, memory {', '.join(memory) or 'n/a'}, "
+                     f"{pass_sizes_sentence(pass_sizes(mine))}")
+    return "; ".join(parts)
+
+
+def _markdown_default(report: Report, summary: list[dict]) -> list[str]:
+    labels, tasks, by = _default_rows(report, summary)
+    if not labels:
+        return []
+    lines = [
+        "",
+        "## The default configuration",
+        "",
+        "`probe_mtp.generate(model, ids)` as it comes: `ProbeDecoder(model, tokenizer)`, drafter `hybrid`, "
+        "`budget=\"auto\"`, `masks=\"auto\"`, a drafting memory kept across requests; no option of the command "
+        "line changes it. " + default_description(report) + ".",
+        "",
+        f"Memory: {memory_sentence(report.settings.get('memory'))}.",
+        "",
+        "| task | method | turns | tau | speedup vs generate | 95% interval | speedup vs hf-pld | identical to greedy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for task in tasks:
+        for label in [HF_PLD, *labels]:
+            row = by.get((task, label))
+            if row is None:
+                continue
+            vs_pld = "" if label == HF_PLD else fmt(row["speedup_vs_hf_pld"], suffix="x")
+            lines.append(f"| {task} | {label} | {row['n']} | {fmt(row['tau'])} | {fmt(row['speedup_vs_greedy'], suffix='x')} | "
+                         f"{_interval(row)} | {vs_pld} | {_identical(row)} |")
+    lines += ["", f"Intervals: {INTERVAL_METHOD}."]
+    return lines
+
+
 def markdown_summary(report: Report) -> str:
     """Ratios only (tau, tokens per pass, speedups, lossless counts): absolute speeds depend on the
-    machine and are kept in report.json."""
+    machine and are kept in report.json.  The default configuration first, then the equal-budget
+    comparison."""
     s, env = report.settings, report.environment
     summary = report.summary
-    n_turns = len({(r["task"], r["category"], r["question_id"], r["turn"]) for r in report.records})
-    lines = [
-        "# probe-mtp report",
+    n_turns = len({(r["task"], r["category"], r["question_id"], r["turn"], r.get("ask", 1)) for r in report.records})
+    fixed = report.fixed_labels
+    lines = ["# probe-mtp report", ""]
+    lines += [f"**{line}**" for line in verdict_lines(report, summary)]
+    lines += [
         "",
         f"- model: `{s['model']}` ({s['dtype']}), {s['max_new_tokens']} new tokens per turn, "
-        f"{n_turns} prompt turns (up to {s['limit'] or 'all'} prompts per task), seed {s['seed']}",
-        f"- methods: {', '.join(report.methods)}; budgets (BC): {', '.join(str(b) for b in s['budgets'])}; "
-        f"masks per node k = {s['num_masks']}",
+        f"{n_turns} prompt turns (up to {s['limit'] or 'all'} prompts per task"
+        + (f"; the equal-budget methods on the first {s['method_limit']} per task" if s.get("method_limit") else "")
+        + f"), seed {s['seed']}" + (", `--full`" if s.get("full") else ""),
+        f"- methods: {', '.join(report.methods)}; budgets (BC) of the equal-budget comparison: "
+        f"{', '.join(str(b) for b in s['budgets'])}; masks per node k = {s['num_masks']}",
         f"- reference: `{GREEDY}` is `model.generate(do_sample=False)`; `{HF_PLD}` is transformers' prompt lookup "
         f"(`prompt_lookup_num_tokens={s['hf_pld_tokens']}`); both measured in this run, on the same prompts",
+        f"- memory: {memory_sentence(s.get('memory'))}",
         f"- torch {env['torch']} ({env['torch_threads']} threads), transformers {env['transformers']}, "
-        f"probe-mtp {env['probe_mtp']}, python {env['python']}",
+        f"probe-mtp {env['probe_mtp']}, python {env['python']}"
+        + (f", processor {env['processor']}" if env.get("processor") else ""),
         "- tau: accepted tokens per decoding step (prefill excluded); tokens/pass: new tokens per forward "
         "pass (prefill included); speedups: total time of the baseline / total time of the method over the "
         "same turns (prefill included, one warm-up per method, method order rotated per turn); "
         "identical: outputs equal to `model.generate` greedy; agreement: tokens equal to greedy's at the same "
         "position (1.00 for every lossless method; `confadapt` is lossy).",
+    ]
+    lines += _markdown_default(report, summary)
+    lines += [
+        "",
+        "## Equal block complexity",
+        "",
+        fixed_budget_note(report.pass_costs) if fixed else "(no drafter at a fixed budget in this run)",
         "",
         "## Overall",
         "",
@@ -160,24 +281,166 @@ def write_markdown(report: Report, path: Path) -> Path:
     return path
 
 
-def write_outputs(report: Report, out_dir: str | Path, plots: bool = True) -> list[Path]:
-    """Write report.json, records.csv, summary.md and (``plots``) the PNG figures into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [
-        write_json(report, out / "report.json"),
-        write_csv(report, out / "records.csv"),
-        write_markdown(report, out / "summary.md"),
-    ]
-    if plots:
-        from .plots import write_plots
+OUTPUT_NAMES = ("report.json", "records.csv", "summary.md")
 
-        written += write_plots(report, out)
-    return written
+
+def check_output_folder(out_dir: str | Path) -> Path:
+    """Fail early (before any model is loaded) when ``out_dir`` cannot become the output folder:
+    an existing file of that name, or a parent folder that cannot be written."""
+    import os
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    if out.is_dir() and not os.access(out, os.W_OK):
+        raise ValueError(f"--out {out}: the folder cannot be written")
+    parent = next((p for p in out.absolute().parents if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise ValueError(f"--out {out}: {parent} is not a folder")
+    try:
+        probe = tempfile.mkdtemp(prefix=".probe-mtp-check-", dir=parent)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write in {parent} ({exc.strerror or exc})") from None
+    Path(probe).rmdir()
+    return out
+
+
+def write_outputs(report: Report, out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """Write report.json, records.csv, summary.md and (``plots``) the PNG figures into ``out_dir``.
+
+    Everything is written into a temporary folder beside ``out_dir`` first; only when every file
+    was written are they moved into ``out_dir`` (created then; other files there are left alone).
+    On a failure the temporary folder is removed and ``out_dir`` is as it was."""
+    out = Path(out_dir)
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    try:
+        written = [
+            write_json(report, staging / "report.json"),
+            write_csv(report, staging / "records.csv"),
+            write_markdown(report, staging / "summary.md"),
+        ]
+        if plots:
+            from .plots import write_plots
+
+            written += write_plots(report, staging)
+        out.mkdir(parents=True, exist_ok=True)
+        final = []
+        for path in written:
+            target = out / path.name
+            path.replace(target)
+            final.append(target)
+        return final
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _styled_speed(value, label: str) -> str:
+    text = fmt(value, suffix="x")
+    if value is not None and label != GREEDY and value > 1:
+        return f"[green]{text}[/green]"
+    return text
+
+
+def _styled_identical(row: dict) -> str:
+    ident = _identical(row)
+    return ident if row["all_identical"] else f"[red]{ident}[/red]"
+
+
+def default_table(report: Report, summary: list[dict] | None = None):
+    """The first table: the default configuration beside model.generate and transformers' prompt
+    lookup, per task and overall (None when the report has no default row)."""
+    from rich.table import Table
+
+    summary = report.summary if summary is None else summary
+    labels, tasks, by = _default_rows(report, summary)
+    if not labels:
+        return None
+    s = report.settings
+    table = Table(
+        title=f"probe-mtp default configuration (probe_mtp.generate as it comes: hybrid, budget auto, masks auto, "
+        f"memory {'/'.join(s.get('memory') or ['warm'])}) against model.generate greedy and transformers' prompt lookup: "
+        f"{s['model']} ({s['dtype']}), {s['max_new_tokens']} new tokens per turn, same prompts, same run",
+        title_justify="left",
+    )
+    many = len(labels) > 1
+    columns = [("task", "left")] + ([("decoder", "left")] if many else []) + [
+        ("turns", "right"), ("generate tok/s", "right"), ("prompt lookup tok/s", "right"), ("default tok/s", "right"),
+        ("tau", "right"), ("x generate", "right"), ("95% interval", "right"), ("x prompt lookup", "right"),
+        ("identical", "right"),
+    ]
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
+    for task in tasks:
+        if task == OVERALL:
+            table.add_section()
+        greedy, pld = by.get((task, GREEDY)) or {}, by.get((task, HF_PLD)) or {}
+        for label in labels:
+            row = by.get((task, label))
+            if row is None:
+                continue
+            name = f"[bold]{task}[/bold]" if task == OVERALL else task
+            cells = [name] + ([label] if many else []) + [
+                str(row["n"]),
+                fmt(greedy.get("tokens_per_second"), 1),
+                fmt(pld.get("tokens_per_second"), 1),
+                fmt(row["tokens_per_second"], 1),
+                fmt(row["tau"]),
+                _styled_speed(row["speedup_vs_greedy"], label),
+                _interval(row),
+                fmt(row["speedup_vs_hf_pld"], suffix="x"),
+                _styled_identical(row),
+            ]
+            table.add_row(*cells)
+    return table
+
+
+def equal_budget_table(report: Report, summary: list[dict] | None = None):
+    """The second table: every method at a fixed block complexity (the baselines first): tau per
+    task and overall, tokens per pass, tokens/s, speedups, identical outputs (None without such
+    methods)."""
+    from rich.table import Table
+
+    summary = report.summary if summary is None else summary
+    fixed = report.fixed_labels
+    if not fixed:
+        return None
+    labels = [GREEDY, HF_PLD, *fixed]
+    by = {(row["task"], row["label"]): row for row in summary}
+    tasks = [t for t in _tasks([r for r in summary if r["label"] in fixed]) if t != OVERALL]
+    s = report.settings
+    table = Table(
+        title=f"equal block complexity (BC {', '.join(str(b) for b in s['budgets'])}: every pass verifies that many "
+        f"inputs): tau per task, {s['model']}, {s['max_new_tokens']} new tokens per turn",
+        title_justify="left",
+    )
+    table.add_column("method", justify="left")
+    for task in tasks:
+        table.add_column(f"tau {TASK_SHORT.get(task, task[:8])}", justify="right")
+    for col in ("tau", "tok/pass", "tok/s", "x generate", "x hf-pld", "identical", "agree"):
+        table.add_column(col, justify="right")
+    for label in labels:
+        overall = by.get((OVERALL, label))
+        if overall is None:
+            continue
+        table.add_row(
+            label,
+            *[fmt((by.get((task, label)) or {}).get("tau")) for task in tasks],
+            fmt(overall["tau"]),
+            fmt(overall["tokens_per_pass"]),
+            fmt(overall["tokens_per_second"], 1),
+            _styled_speed(overall["speedup_vs_greedy"], label),
+            fmt(overall["speedup_vs_hf_pld"], suffix="x"),
+            _styled_identical(overall),
+            fmt(overall.get("agreement"), 3),
+        )
+    return table
 
 
 def rich_table(report: Report):
-    """The terminal table: one section per task, overall last."""
+    """Every method per task, overall last (the long form; ``probe-mtp report`` prints
+    :func:`default_table` and :func:`equal_budget_table`)."""
     from rich.table import Table
 
     s = report.settings
@@ -208,12 +471,6 @@ def rich_table(report: Report):
         for row in summary:
             if row["task"] != task:
                 continue
-            ident = _identical(row)
-            if not row["all_identical"]:
-                ident = f"[red]{ident}[/red]"
-            speed = fmt(row["speedup_vs_greedy"], suffix="x")
-            if row["speedup_vs_greedy"] is not None and row["label"] != GREEDY and row["speedup_vs_greedy"] > 1:
-                speed = f"[green]{speed}[/green]"
             name = (f"[bold]{task}[/bold]" if task == OVERALL else task) if first else ""
             first = False
             table.add_row(
@@ -223,9 +480,29 @@ def rich_table(report: Report):
                 fmt(row["tau"]),
                 fmt(row["tokens_per_pass"]),
                 fmt(row["tokens_per_second"], 1),
-                speed,
+                _styled_speed(row["speedup_vs_greedy"], row["label"]),
                 fmt(row["speedup_vs_hf_pld"], suffix="x"),
-                ident,
+                _styled_identical(row),
                 fmt(row.get("agreement"), 3),
             )
     return table
+
+
+def print_report(report: Report, console) -> None:
+    """What ``probe-mtp report`` prints: the default configuration's table and verdict first, then
+    the equal-budget table with the sentence that reads it."""
+    summary = report.summary
+    first = default_table(report, summary)
+    if first is not None:
+        console.print(first)
+        for line in verdict_lines(report, summary):
+            console.print(f"[bold]{line}[/bold]", highlight=False)
+        console.print(f"{default_description(report)}. Memory: {memory_sentence(report.settings.get('memory'))}. "
+                      f"Intervals: {INTERVAL_METHOD}.", highlight=False)
+    second = equal_budget_table(report, summary)
+    if second is not None:
+        console.print()
+        console.print(second)
+        console.print(fixed_budget_note(report.pass_costs), highlight=False)
+    if first is None and second is None:
+        console.print(rich_table(report))

@@ -1,5 +1,10 @@
 """PNG figures of a report, drawn on matplotlib's Agg canvas without pyplot (no global backend or
-figure state is touched, so this is safe inside notebooks and servers)."""
+figure state is touched, so this is safe inside notebooks and servers).
+
+The first figure, ``default_speedup.png``, is the default configuration beside transformers'
+prompt lookup: speedup over ``model.generate`` per task and overall, with 95% intervals; the
+others (tau, speedup, accepted lengths) show every method, the default configuration right after
+the baselines."""
 
 from __future__ import annotations
 
@@ -8,8 +13,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .harness import GREEDY, Report
-from .summary import accepted_length_counts
+from .harness import GREEDY, HF_PLD, Report
+from .summary import OVERALL, accepted_length_counts
 
 
 def _grouped_bars(ax, tasks: list[str], labels: list[str], value, reference: float | None = None) -> None:
@@ -32,6 +37,44 @@ def _grouped_bars(ax, tasks: list[str], labels: list[str], value, reference: flo
     ax.legend(fontsize="small")
 
 
+def _default_plot(report: Report, summary: list[dict], title: str, out_dir: Path) -> Path | None:
+    labels = report.default_labels
+    if not labels:
+        return None
+    by = {(row["task"], row["label"]): row for row in summary}
+    tasks: list[str] = []
+    for row in summary:
+        if row["label"] in labels and row["task"] not in tasks:
+            tasks.append(row["task"])
+    shown = [HF_PLD, *labels]
+    fig = Figure(figsize=(max(7, 1.2 * len(tasks) + 2), 4.5))
+    ax = fig.add_subplot()
+    width = 0.8 / len(shown)
+    for j, label in enumerate(shown):
+        xs, ys, errs = [], [], [[], []]
+        for i, task in enumerate(tasks):
+            row = by.get((task, label))
+            if row is None or row.get("speedup_vs_greedy") is None:
+                continue
+            value = row["speedup_vs_greedy"]
+            low, high = row.get("speedup_vs_greedy_low"), row.get("speedup_vs_greedy_high")
+            xs.append(i - 0.4 + width * (j + 0.5))
+            ys.append(value)
+            errs[0].append(max(0.0, value - low) if low is not None else 0.0)
+            errs[1].append(max(0.0, high - value) if high is not None else 0.0)
+        name = "transformers' prompt lookup" if label == HF_PLD else f"probe-mtp {label}"
+        bars = ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=2)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(tasks)))
+    ax.set_xticklabels([f"{t}" if t != OVERALL else "overall" for t in tasks], rotation=20, ha="right")
+    ax.set_ylabel("speedup over model.generate greedy (95% interval)")
+    ax.set_title(f"default configuration ({title}; model.generate = 1)", fontsize="medium")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out_dir / "default_speedup.png")
+
+
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.tight_layout()
@@ -49,6 +92,9 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
     others = [m for m in report.methods if m != GREEDY]
     title = f"{report.settings['model']} ({report.settings['dtype']}), {report.settings['max_new_tokens']} new tokens"
     written = []
+    first = _default_plot(report, summary, title, out_dir)
+    if first is not None:
+        written.append(first)
 
     def get(key):
         return lambda task, label: (by.get((task, label)) or {}).get(key)

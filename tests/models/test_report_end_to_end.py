@@ -1,5 +1,6 @@
-"""``probe-mtp report`` end to end on SmolLM2: through the real argument parser, with tuned masks
-and ConfAdapt, as the installed command, and the memory measurement of one generation."""
+"""``probe-mtp report`` end to end on SmolLM2: through the real argument parser (the default
+configuration first, then the equal-budget drafters), with tuned masks and ConfAdapt, as the
+installed command, and the memory measurement of one generation."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from probe_mtp.cli import build_parser
 from probe_mtp.report import GREEDY, HF_PLD
+from probe_mtp.report.baselines import DEFAULT
 from probe_mtp.report.cli import cmd_report
 
 from report_schema import check_schema
@@ -20,7 +22,8 @@ from report_schema import check_schema
 
 
 def test_report_end_to_end(smollm2, tmp_path, capsys):
-    """2 prompts, 16 new tokens, esp and the two baselines, through the real argument parser."""
+    """2 prompts, 16 new tokens: the default configuration, esp and the two baselines, through the
+    real argument parser."""
     out = tmp_path / "rep"
     args = build_parser().parse_args(
         ["report", "--tasks", "qa,math_reasoning", "--limit", "1", "--max-new-tokens", "16", "--methods", "esp",
@@ -28,15 +31,20 @@ def test_report_end_to_end(smollm2, tmp_path, capsys):
     )
     assert cmd_report(args, loaded=smollm2) == 0
     printed = capsys.readouterr().out
-    assert "probe-mtp report" in printed and "esp BC=30" in printed and "overall" in printed
-    for name in ("report.json", "records.csv", "summary.md", "tau_per_task.png", "speedup_per_task.png",
-                 "accepted_lengths.png"):
+    assert printed.index("probe-mtp default configuration") < printed.index("default decoder (warm):") \
+        < printed.index("equal block complexity")
+    assert "esp BC=30 bundled:smollm2-135m" in printed and "overall" in printed
+    for name in ("report.json", "records.csv", "summary.md", "default_speedup.png", "tau_per_task.png",
+                 "speedup_per_task.png", "accepted_lengths.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     doc = json.loads((out / "report.json").read_text())
     check_schema(doc)
     assert doc["settings"]["warmup_tokens"] == 4 and doc["settings"]["tasks"] == ["qa", "math_reasoning"]
+    assert doc["methods"] == [GREEDY, HF_PLD, DEFAULT, "esp BC=30 bundled:smollm2-135m"]
+    assert doc["default"]["budget"] == "auto" and doc["default"]["masks"] == "bundled:smollm2-135m"
+    assert doc["default"]["verdict"].startswith("default decoder (warm): ")
     recs = doc["records"]
-    assert len(recs) == 2 * 3
+    assert len(recs) == 2 * 4
     assert {r["task"] for r in recs} == {"qa", "math_reasoning"}
     assert all(r["identical_to_greedy"] for r in recs)  # fp32: every method is lossless
     for r in recs:
@@ -44,9 +52,12 @@ def test_report_end_to_end(smollm2, tmp_path, capsys):
         assert r["accepted_lengths"] is None or sum(r["accepted_lengths"]) == r["new_tokens"] - r["first_pass_tokens"]
     greedy = [r for r in recs if r["label"] == GREEDY]
     assert all(r["forward_passes"] == r["new_tokens"] and r["mean_accepted_length"] in (1.0, None) for r in greedy)
+    default = [r for r in recs if r["label"] == DEFAULT]
+    assert all(r["budget"] == "auto" and r["memory"] == "warm" and r["inputs_per_pass"] for r in default)
     esp = [r for r in recs if r["method"] == "esp"]
     assert all(r["budget"] == 30 and r["num_masks"] == 1 and r["prefill_seconds"] is not None for r in esp)
-    assert sorted(r["order"] for r in recs if r["question_id"] == recs[0]["question_id"]) == [0, 1, 2]
+    assert all(r["masks"] == "bundled:smollm2-135m" for r in esp)
+    assert sorted(r["order"] for r in recs if r["question_id"] == recs[0]["question_id"]) == [0, 1, 2, 3]
 
 
 @pytest.mark.slow
@@ -65,8 +76,9 @@ def test_console_script_end_to_end(tmp_path):
 
 
 def test_report_with_tuned_masks_and_confadapt(smollm2, tmp_path):
-    """--masks (twice) x --acceptance verify,confadapt: four esp variants next to the baselines; the
-    lossless ones agree with greedy, ConfAdapt at threshold 0 emits its masks at prefill."""
+    """--masks untuned,FILE x --acceptance verify,confadapt: four esp variants next to the baselines
+    and the default configuration, each labelled with the vectors it used; the lossless ones agree
+    with greedy, ConfAdapt at threshold 0 emits its masks at prefill."""
     import torch
 
     from probe_mtp.tuned_masks import ModelIdentity, TunedMasks
@@ -76,23 +88,25 @@ def test_report_with_tuned_masks_and_confadapt(smollm2, tmp_path):
     path = TunedMasks(torch.zeros(h), torch.zeros(1, h), "relative", identity, {}).save(tmp_path / "zero" / "masks.safetensors")
     out = tmp_path / "rep"
     args = build_parser().parse_args(
-        ["report", "--tasks", "qa", "--limit", "1", "--max-new-tokens", "12", "--methods", "esp", "--masks", "prompt_mean",
-         "--masks", str(path), "--acceptance", "verify,confadapt", "--threshold", "0", "--warmup-tokens", "2",
+        ["report", "--tasks", "qa", "--limit", "1", "--max-new-tokens", "12", "--methods", "esp", "--masks",
+         f"untuned,{path}", "--acceptance", "verify,confadapt", "--threshold", "0", "--warmup-tokens", "2",
          "--out", str(out), "--no-progress", "--no-plots"]
     )
     assert cmd_report(args, loaded=smollm2) == 0
     doc = json.loads((out / "report.json").read_text())
     check_schema(doc)
-    assert doc["methods"] == [GREEDY, HF_PLD, "esp BC=30", "esp BC=30 confadapt@0", "esp BC=30 tuned:zero",
-                              "esp BC=30 tuned:zero confadapt@0"]
+    untuned, tuned = "esp BC=30 untuned:prompt_mean", "esp BC=30 tuned:zero"
+    assert doc["methods"] == [GREEDY, HF_PLD, DEFAULT, untuned, f"{untuned} confadapt@0", tuned,
+                              f"{tuned} confadapt@0"]
     by_label = {r["label"]: r for r in doc["records"]}
-    for label in ("esp BC=30", "esp BC=30 tuned:zero"):
+    for label in (untuned, tuned):
         assert by_label[label]["identical_to_greedy"] and by_label[label]["agreement"] == 1.0
-    for label in ("esp BC=30 confadapt@0", "esp BC=30 tuned:zero confadapt@0"):
+    for label in (f"{untuned} confadapt@0", f"{tuned} confadapt@0"):
         r = by_label[label]
         assert r["acceptance"] == "confadapt" and r["first_pass_tokens"] == 2  # verified token + mask 1
         assert 0.0 <= r["agreement"] <= 1.0
-    assert by_label["esp BC=30 tuned:zero"]["masks"] == str(path)
+    assert by_label[untuned]["masks"] == "untuned:prompt_mean"
+    assert by_label[tuned]["masks"].startswith("tuned:")
     assert "Agreement with greedy per task" in (out / "summary.md").read_text()
 
 

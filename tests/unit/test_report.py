@@ -14,11 +14,12 @@ import pytest
 from probe_mtp.drafters import DRAFTERS
 from probe_mtp.cli import main
 from probe_mtp.report import GREEDY, HF_PLD, Report, resolve_methods, summarize, write_outputs
+from probe_mtp.report.baselines import DEFAULT
 from probe_mtp.cost import CostCurve
 from probe_mtp.report.bench import _bound
 from probe_mtp.report.harness import ReportSettings, _PassCounter, parse_budgets
 from probe_mtp.report.outputs import markdown_summary, rich_table
-from probe_mtp.report.summary import OVERALL, accepted_length_counts
+from probe_mtp.report.summary import OVERALL, accepted_length_counts, ratio_interval, verdict
 
 from report_schema import ENVIRONMENT_TYPES, OPT_INT, check_schema
 
@@ -75,18 +76,21 @@ def test_pass_counter_reads_committed_tokens_from_cache_lengths():
 # --------------------------------------------------------------------------- aggregation
 
 
-def _rec(label, task, qid, seconds, lengths, new=None, passes=None, identical=True, turn=1, method=None):
+def _rec(label, task, qid, seconds, lengths, new=None, passes=None, identical=True, turn=1, method=None,
+         inputs=None):
     new = (sum(lengths) + 1) if new is None else new
+    default = label == DEFAULT
     return {
         "method": method or label.split(" ")[0],
         "label": label,
-        "kind": "baseline" if label in (GREEDY, HF_PLD) else "probe",
-        "budget": None if label in (GREEDY, HF_PLD) else 30,
+        "kind": "baseline" if label in (GREEDY, HF_PLD) else "default" if default else "probe",
+        "budget": None if label in (GREEDY, HF_PLD) else "auto" if default else 30,
         "num_masks": None if label in (GREEDY, HF_PLD) else 1,
         "task": task,
         "category": task,
         "question_id": qid,
         "turn": turn,
+        "ask": 1,
         "order": 0,
         "prompt_tokens": 10,
         "new_tokens": new,
@@ -97,11 +101,12 @@ def _rec(label, task, qid, seconds, lengths, new=None, passes=None, identical=Tr
         "seconds": seconds,
         "prefill_seconds": None,
         "forward_seconds": None,
-        "inputs_per_pass": None,
+        "inputs_per_pass": inputs,
         "tokens_per_second": new / seconds,
         "identical_to_greedy": identical,
         "first_mismatch": None if identical else 0,
-        "masks": None,
+        "masks": "bundled:smollm2-135m" if default else None,
+        "memory": None if label in (GREEDY, HF_PLD) else "warm",
         "acceptance": "verify",
         "matching_tokens": new if identical else 1,
         "compared_tokens": new,
@@ -174,31 +179,116 @@ def test_summary_order_and_histogram():
 # --------------------------------------------------------------------------- outputs and schema
 
 
+DEFAULT_RECS = [
+    # the default configuration: half of model.generate's time on every turn
+    _rec(DEFAULT, "a", 1, 2.0, [2, 3, 2], inputs=[9, 9, 1]),
+    _rec(DEFAULT, "a", 2, 3.0, [1, 2], new=4, inputs=[1, 9]),
+    _rec(DEFAULT, "b", 7, 0.5, [1], turn=1, inputs=[1]),
+    _rec(DEFAULT, "b", 7, 1.5, [2], turn=2, inputs=[17]),
+]
+VERDICT = ("default decoder (warm): 2.00x model.generate (95% interval 2.00-2.00), identical on 4/4; 1.60x "
+           "transformers' prompt lookup: faster than model.generate, not clearly faster or slower than "
+           "transformers' prompt lookup")
+
+
 def _hand_made_report() -> Report:
     settings = ReportSettings(methods=("esp",), max_new_tokens=8).as_dict()
     env = {k: (1 if t is int or t == OPT_INT else None if isinstance(t, tuple) else "x") for k, t in ENVIRONMENT_TYPES.items()}
-    return Report(settings, env, HAND_MADE, "2026-01-01T00:00:00+00:00", 1.5, [GREEDY, HF_PLD, "esp BC=30"])
+    return Report(settings, env, HAND_MADE + DEFAULT_RECS, "2026-01-01T00:00:00+00:00", 1.5,
+                  [GREEDY, HF_PLD, DEFAULT, "esp BC=30"], {30: 2.25})
 
 
 def test_outputs_from_hand_made_records(tmp_path):
     report = _hand_made_report()
     written = write_outputs(report, tmp_path / "out")
-    names = sorted(p.name for p in written)
-    assert names == sorted(
-        ["report.json", "records.csv", "summary.md", "tau_per_task.png", "speedup_per_task.png", "accepted_lengths.png"]
-    )
+    names = [p.name for p in written]
+    assert names[:4] == ["report.json", "records.csv", "summary.md", "default_speedup.png"]  # the default plot first
+    assert sorted(names[4:]) == ["accepted_lengths.png", "speedup_per_task.png", "tau_per_task.png"]
     for p in written:
         assert p.stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the staging folder is gone
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     check_schema(doc)
     assert Report.from_dict(doc).summary == doc["summary"]
+    assert Report.from_dict(doc).pass_costs == {30: 2.25}
     with (tmp_path / "out" / "records.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == len(HAND_MADE) and rows[0]["accepted_lengths"] == "1 1 1 1 1 1 1"
+    assert len(rows) == len(HAND_MADE) + len(DEFAULT_RECS) and rows[0]["accepted_lengths"] == "1 1 1 1 1 1 1"
     md = markdown_summary(report)
     assert "| esp BC=30 | 1.86 |" in md  # overall tau, ratios only
     assert "tokens/s" not in md
     assert (tmp_path / "out" / "tau_per_task.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_default_section_leads_report_json_and_summary_md(tmp_path):
+    report = _hand_made_report()
+    write_outputs(report, tmp_path / "out", plots=False)
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    section = doc["default"]
+    assert section["budget"] == "auto" and section["memory"] == "warm" and section["masks"] == "bundled:smollm2-135m"
+    assert section["pass_sizes"] == {"1": 3, "9": 3, "17": 1}  # the budgets the adaptive budget chose
+    assert section["verdict"] == VERDICT
+    overall = next(r for r in section["summary"] if r["task"] == OVERALL and r["label"] == DEFAULT)
+    assert overall["speedup_vs_greedy"] == pytest.approx(2.0) and overall["identical"] == 4
+    assert {r["label"] for r in section["summary"]} == {GREEDY, HF_PLD, DEFAULT}
+    assert all(r["budget"] == "auto" for r in doc["records"] if r["label"] == DEFAULT)
+    assert doc["equal_budget"]["labels"] == ["esp BC=30"]
+    assert "2.2x a one-token pass" in doc["equal_budget"]["note"]
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert md.index(VERDICT) < md.index("## The default configuration") < md.index("## Equal block complexity")
+    assert "| overall | default | 4 |" in md and "2.00-2.00" in md
+    assert "budget 'auto' chose passes of 1-17 inputs (median 9" in md
+    assert "tau above 2 can still be slower" in md
+
+
+def test_verdict_line_is_computed_from_the_records():
+    assert verdict(summarize(HAND_MADE + DEFAULT_RECS), DEFAULT, "warm") == VERDICT
+    # twice model.generate's time on every turn, one output different, no prompt lookup records
+    slow = [_rec(GREEDY, "a", q, 1.0, [1, 1]) for q in range(4)]
+    slow += [_rec(DEFAULT, "a", q, 2.0, [1, 1], identical=q != 3) for q in range(4)]
+    assert verdict(summarize(slow)) == (
+        "default decoder: 0.50x model.generate (95% interval 0.50-0.50), identical on 3/4: slower than model.generate"
+    )
+    # faster on some prompts, slower on others: the interval straddles 1
+    mixed = [_rec(GREEDY, "a", q, 1.0, [1]) for q in range(4)]
+    mixed += [_rec(DEFAULT, "a", q, t, [1]) for q, t in enumerate((0.5, 2.0, 0.5, 2.0))]
+    line = verdict(summarize(mixed), DEFAULT, "cold")
+    assert line.startswith("default decoder (cold): 0.80x model.generate (95% interval ")
+    assert line.endswith("identical on 4/4: not clearly faster or slower than model.generate")
+    # faster than both baselines on every turn
+    both = [_rec(GREEDY, "a", q, 2.0, [1]) for q in range(3)] + [_rec(HF_PLD, "a", q, 1.5, [1]) for q in range(3)]
+    both += [_rec(DEFAULT, "a", q, 1.0, [2]) for q in range(3)]
+    assert verdict(summarize(both)).endswith("; 1.50x transformers' prompt lookup: faster than both")
+    # a single prompt turn: no interval, so no claim either way
+    one = verdict(summarize(both[:1] + both[3:4] + both[6:7]))
+    assert "interval" not in one and one.endswith(": not clearly faster or slower than either")
+    assert verdict(summarize(HAND_MADE)) is None  # no default row
+
+
+def test_speedup_interval_is_a_paired_bootstrap_over_prompts():
+    # the method takes half the time on every turn, whatever the turn's length: paired, the
+    # interval is exactly 2 (an unpaired resampling would spread it over 0.02-200)
+    assert ratio_interval([(1.0, 0.5), (10.0, 5.0), (100.0, 50.0)]) == pytest.approx((2.0, 2.0))
+    pairs = [(1.0, 0.8), (2.0, 1.0), (1.5, 1.6), (3.0, 1.0), (1.0, 1.1)]
+    low, high = ratio_interval(pairs)
+    point = sum(b for b, _ in pairs) / sum(m for _, m in pairs)
+    assert min(b / m for b, m in pairs) <= low < point < high <= max(b / m for b, m in pairs)
+    assert ratio_interval(pairs) == (low, high)  # fixed seed: the same interval every time
+    assert ratio_interval([]) is None and ratio_interval([(2.0, 1.0)]) is None  # one turn: no spread
+
+
+def test_terminal_output_leads_with_the_default_table_and_verdict():
+    from rich.console import Console
+
+    from probe_mtp.report.outputs import print_report
+
+    console = Console(width=200, record=True)
+    print_report(_hand_made_report(), console)
+    text = console.export_text()
+    assert text.index("probe-mtp default configuration") < text.index(VERDICT[:60]) < text.index("equal block complexity")
+    assert "95% interval" in text and "2.00-2.00" in text
+    assert "tau above 2 can still be slower than model.generate" in text
+    assert "a 30-input pass costs 2.2x a one-token pass" in text
 
 
 def test_rich_table_renders():
@@ -214,7 +304,11 @@ def test_mask_and_acceptance_variants_are_labelled():
     from probe_mtp.report.harness import mask_variants
 
     settings = ReportSettings(methods=("esp",), acceptance=("verify", "confadapt"), threshold=0.9)
-    assert mask_variants(settings) == [("", {}), (" confadapt@0.9", {"acceptance": "confadapt", "threshold": 0.9})]
+    assert mask_variants(settings) == [
+        ("auto", "", {"masks": "auto"}),
+        ("auto", " confadapt@0.9", {"masks": "auto", "acceptance": "confadapt", "threshold": 0.9}),
+    ]
+    assert ReportSettings(methods=("esp",)).masks == ("auto",)  # the decoder's default
     with pytest.raises(FileNotFoundError, match="tuned mask file"):
         ReportSettings(methods=("esp",), masks=("missing/masks.safetensors",))
     with pytest.raises(ValueError, match="acceptance"):

@@ -1,0 +1,262 @@
+"""``probe-mtp report`` and ``bench`` options, model-free: --full and --cold parse and change what
+runs, bad input fails before any model is loaded and leaves no output folder, the prompt streams of
+the bench, and whole runs of the harness on a tiny random Llama (the default configuration, warm and
+cold decoders, the repeat stream) in seconds.  The runs on SmolLM2 are in
+tests/models/test_report_end_to_end.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from probe_mtp.cli import build_parser, main
+from probe_mtp.cost import CostCurve
+from probe_mtp.drafters import DRAFTERS
+from probe_mtp.prompts import Prompt
+from probe_mtp.report import GREEDY, HF_PLD, ReportSettings, run_report
+from probe_mtp.report.baselines import DEFAULT
+from probe_mtp.report.cli import FULL, QUICK, cmd_report, settings_from_args
+from probe_mtp.report.streams import build_stream
+
+from report_schema import check_schema
+
+
+def _settings(*argv: str, default: bool = True) -> ReportSettings:
+    return settings_from_args(build_parser().parse_args(list(argv)), default=default)
+
+
+# --------------------------------------------------------------------------- --full and --cold
+
+
+def test_report_defaults_are_the_quick_run():
+    s = _settings("report")
+    assert (s.limit, s.max_new_tokens, s.methods, s.method_limit, s.warmup_tokens) == (
+        QUICK["limit"], QUICK["max_new_tokens"], QUICK["methods"], None, 8)
+    assert s.default and s.memory == ("warm",) and s.budgets == (30,) and s.masks == ("auto",) and not s.full
+    assert {"hybrid", "esp", "pld", "lookahead", "stand"} <= set(s.methods)
+
+
+def test_full_runs_every_drafter_on_more_prompts_and_explicit_options_win():
+    s = _settings("report", "--full")
+    assert s.full and s.methods == tuple(DRAFTERS) and s.method_limit is None
+    assert (s.limit, s.max_new_tokens) == (FULL["limit"], FULL["max_new_tokens"])
+    assert s.limit > QUICK["limit"] and s.max_new_tokens > QUICK["max_new_tokens"]
+    s = _settings("report", "--full", "--limit", "1", "--max-new-tokens", "8", "--methods", "esp")
+    assert (s.limit, s.max_new_tokens, s.methods) == (1, 8, ("esp",))
+    assert _settings("report", "--methods", "none").methods == ()
+    assert _settings("report", "--fixed-limit", "2", "--limit", "3").method_limit == 2
+    assert _settings("report", "--fixed-limit", "3", "--limit", "3").method_limit is None  # every prompt
+
+
+def test_cold_gives_every_prompt_an_empty_memory():
+    assert _settings("report", "--cold").memory == ("cold",)
+    assert _settings("bench", "--cold", default=False).memory == ("cold",)
+    bench = _settings("bench", "--memory", "warm,cold", "--stream", "repeat", default=False)
+    assert bench.memory == ("warm", "cold") and bench.stream == "repeat" and not bench.default
+    assert _settings("bench", "--stream", "conversation", default=False).stream == "conversation"
+
+
+def test_a_busy_machine_is_named_before_the_run():
+    from probe_mtp.report.cli import busy_machine_note
+
+    assert busy_machine_note(2, load=0.3, cores=2) is None
+    assert busy_machine_note(1, load=3.0, cores=2) is None  # one thread leaves a core to the other work
+    assert busy_machine_note(4, load=3.0, cores=16) is None  # threads to spare
+    note = busy_machine_note(2, load=1.9, cores=2)
+    assert "load average 1.9" in note and "--threads 1" in note
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _exit_code(argv: list[str]) -> int:
+    """``probe-mtp ARGV``'s exit status (argparse's own errors exit with 2 too)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["report", "--methods", "nope"], "unknown method 'nope'"),
+    (["report", "--tasks", "bogus"], "unknown task"),
+    (["report", "--budget", "2"], "too small"),
+    (["report", "--budget", "5000"], "out of range"),
+    (["report", "--budget", "ten"], "a budget is an integer or 'auto'"),
+    (["report", "--prompts", "missing.jsonl"], "prompt file not found"),
+    (["report", "--masks", "missing.safetensors"], "tuned mask file not found"),
+    (["report", "--limit", "-1"], "--limit"),
+    (["report", "--fixed-limit", "0"], "--fixed-limit"),
+    (["bench", "--memory", "hot"], "--memory takes warm, cold"),
+    (["bench", "--cold", "--memory", "warm"], "disagree"),
+    (["bench", "--repeats", "0"], "--repeats"),
+])
+def test_bad_input_fails_before_loading_a_model_and_writes_nothing(argv, message, tmp_path, capsys, monkeypatch):
+    import probe_mtp.loading
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(probe_mtp.loading, "load_model", no_model)
+    out = tmp_path / "rep"
+    assert _exit_code(argv + ["--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_unreadable_prompt_files_and_output_folders_fail_clearly(tmp_path, capsys, monkeypatch):
+    import probe_mtp.loading
+
+    monkeypatch.setattr(probe_mtp.loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["report", "--prompts", str(binary), "--out", "-"]) == 2
+    assert "cannot read the prompt file" in capsys.readouterr().err
+    assert main(["report", "--prompts", str(tmp_path), "--out", "-"]) == 2  # a folder
+    assert "prompt file not found" in capsys.readouterr().err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"turns": ["fine"]}\nnot json\n')
+    assert main(["report", "--prompts", str(broken), "--out", "-"]) == 2
+    assert "broken.jsonl:2: not valid JSON" in capsys.readouterr().err
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a folder")
+    assert main(["report", "--out", str(taken)]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- prompt streams
+
+
+PROMPTS = [
+    Prompt(1, "writing", ("w1", "w2")),
+    Prompt(2, "qa", ("q",)),
+    Prompt(3, "qa", ("r",)),
+]
+
+
+def _shape(stream):
+    return [[(t.prompt.question_id, t.turn, t.text, t.ask) for t in c.turns] for c in stream]
+
+
+def test_specbench_stream_keeps_each_prompt_its_own_conversation():
+    assert _shape(build_stream(PROMPTS, "specbench")) == [
+        [(1, 1, "w1", 1), (1, 2, "w2", 1)], [(2, 1, "q", 1)], [(3, 1, "r", 1)]]
+
+
+def test_repeat_stream_asks_every_turn_twice_in_a_row():
+    assert _shape(build_stream(PROMPTS, "repeat")) == [
+        [(1, 1, "w1", 1), (1, 1, "w1", 2), (1, 2, "w2", 1), (1, 2, "w2", 2)],
+        [(2, 1, "q", 1), (2, 1, "q", 2)], [(3, 1, "r", 1), (3, 1, "r", 2)]]
+
+
+def test_conversation_stream_chains_the_prompts_of_a_task():
+    stream = build_stream(PROMPTS, "conversation")
+    assert [c.task for c in stream] == ["mt_bench", "qa"]
+    assert _shape(stream) == [[(1, 1, "w1", 1), (1, 2, "w2", 1)], [(2, 1, "q", 1), (3, 2, "r", 1)]]
+    with pytest.raises(ValueError, match="unknown stream 'chat'"):
+        build_stream(PROMPTS, "chat")
+
+
+# --------------------------------------------------------------------------- runs on a tiny model
+
+
+class CharTokenizer:
+    """A tokenizer without a chat template: one token per character, ids 1-13 (15 is EOS)."""
+
+    chat_template = None
+
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": torch.tensor([[1 + ord(c) % 13 for c in text]])}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + int(i) % 26) for i in ids)
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path):
+    """A tiny random Llama, a tokenizer, and a fixed cost curve (nothing measured or cached), on one
+    torch thread (a second one only waits for the first on such small products, and much longer on
+    a shared machine)."""
+    import probe_mtp.decoder
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    curve = CostCurve((1, 8, 16, 32, 64), (1.0, 1.2, 1.5, 2.0, 3.0))
+    monkeypatch.setattr(probe_mtp.decoder, "cost_curve_for", lambda *a, **k: curve)
+    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=16, max_position_embeddings=256,
+                         attn_implementation="sdpa", bos_token_id=0, eos_token_id=15, pad_token_id=0)
+    yield LlamaForCausalLM(config).eval(), CharTokenizer()
+    torch.set_num_threads(threads)
+
+
+def _prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"question_id": 1, "category": "writing", "turns": ["abab abab", "again"]},
+            {"question_id": 2, "category": "qa", "turns": ["what is x x x"]},
+            {"question_id": 3, "category": "qa", "turns": ["tell y y"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+def test_report_runs_the_default_configuration_warm_or_cold(tiny, tmp_path, capsys, cold):
+    out = tmp_path / "rep"
+    argv = ["report", "--prompts", str(_prompt_file(tmp_path)), "--limit", "2", "--max-new-tokens", "6",
+            "--warmup-tokens", "2", "--methods", "pld", "--out", str(out), "--no-progress", "--no-plots"]
+    argv += ["--cold"] if cold else []
+    assert cmd_report(build_parser().parse_args(argv), loaded=tiny) == 0
+    printed = capsys.readouterr().out
+    memory = "cold" if cold else "warm"
+    assert printed.index("probe-mtp default configuration") < printed.index(f"default decoder ({memory}):") \
+        < printed.index("equal block complexity")
+    doc = json.loads((out / "report.json").read_text())
+    check_schema(doc)
+    assert doc["methods"] == [GREEDY, HF_PLD, DEFAULT, "pld BC=30"]
+    assert doc["default"]["memory"] == memory and doc["default"]["budget"] == "auto"
+    assert doc["settings"]["memory"] == [memory]
+    default = [r for r in doc["records"] if r["label"] == DEFAULT]
+    assert len(default) == 4 and all(r["budget"] == "auto" and r["memory"] == memory for r in default)
+    assert all(r["masks"] == "untuned:prompt_mean" for r in default)  # no bundled vectors fit a random model
+    assert all(r["identical_to_greedy"] for r in doc["records"])
+    assert {r["memory"] for r in doc["records"] if r["label"] == "pld BC=30"} == {memory}
+    assert "tau above 2 can still be slower" in (out / "summary.md").read_text()
+
+
+def test_every_method_has_its_own_decoder_and_forgets_the_warm_up(tiny):
+    from probe_mtp.report.harness import build_methods
+
+    model, tokenizer = tiny
+    settings = ReportSettings(methods=("hybrid", "pld"), memory=("warm", "cold"), max_new_tokens=4)
+    methods = build_methods(model, tokenizer, settings)
+    assert [m.label for m in methods] == [GREEDY, HF_PLD, "default warm", "hybrid BC=30 untuned:prompt_mean warm",
+                                         "pld BC=30 warm", "default cold", "hybrid BC=30 untuned:prompt_mean cold",
+                                         "pld BC=30 cold"]
+    decoders = [m.decoder for m in methods if m.decoder is not None]
+    assert len({id(d) for d in decoders}) == len(decoders) == 6
+    assert [d.memory is not None for d in decoders] == [True] * 3 + [False] * 3
+    warm = methods[2]
+    with torch.no_grad():
+        warm.run(torch.tensor([[1, 2, 3, 4, 1, 2, 3]]), 4)
+    assert warm.decoder.memory.requests == 1
+    warm.forget()
+    assert warm.decoder.memory.requests == 0 and len(warm.decoder.memory.corpus) == 0
+
+
+def test_repeat_stream_runs_each_prompt_twice_with_the_same_prompt(tiny):
+    model, tokenizer = tiny
+    prompts = [Prompt(1, "qa", ("ab ab ab",)), Prompt(2, "rag", ("cd cd",))]
+    settings = ReportSettings(methods=("pld",), memory=("warm",), stream="repeat", max_new_tokens=5, warmup_tokens=2,
+                              default=False)
+    report = run_report(model, tokenizer, settings, prompts, progress=False)
+    pld = [r for r in report.records if r["method"] == "pld"]
+    assert [(r["question_id"], r["ask"]) for r in pld] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert pld[0]["prompt_tokens"] == pld[1]["prompt_tokens"]
+    assert all(r["identical_to_greedy"] for r in report.records)
+    assert {r["kind"] for r in report.records} == {"baseline", "probe"}  # the bench has no default row
