@@ -87,13 +87,20 @@ SUMMARY_KEYS = {
 }
 DEFAULT_KEYS = {"configuration", "labels", "budget", "memory", "masks", "pass_sizes", "verdict", "runs", "interval",
                 "summary"}
+BATCH_KEYS = {"batch", "batches", "tokens", "generate_tokens_per_second", "probe_tokens_per_second", "speedup",
+              "speedup_low", "speedup_high", "tau", "identical"}
 EQUAL_BUDGET_KEYS = {"budgets", "labels", "pass_cost_relative_to_one_token", "note"}
 
 
 def check_schema(doc: dict) -> None:
     assert set(doc) == {"schema", "settings", "environment", "started_at", "total_seconds", "methods", "default",
-                        "equal_budget", "records", "summary"}
+                        "equal_budget", "batches", "memories", "records", "summary"}
     assert doc["schema"] == SCHEMA
+    for label, m in doc["memories"].items():  # every warm decoder's memory after the stream
+        assert label in doc["methods"] and 0 < m["bytes"] <= m["max_bytes"] and m["file_bytes"] > 0
+        assert m["save_seconds"] >= 0 and m["load_seconds"] >= 0
+    for row in doc["batches"]:  # --batch
+        assert set(row) == BATCH_KEYS and row["batch"] >= 1 and row["speedup_low"] <= row["speedup_high"]
     assert isinstance(doc["started_at"], str) and isinstance(doc["total_seconds"], (int, float))
     assert doc["methods"][:2] == [GREEDY, HF_PLD]
     for key, types in SETTINGS_TYPES.items():

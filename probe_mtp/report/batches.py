@@ -16,6 +16,33 @@ import numpy as np
 import torch
 
 BOOTSTRAP_ROUNDS = 2000
+MAX_BATCH = 64
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> ``(1, 2, 4, 8)``; every size an integer from 1 to :data:`MAX_BATCH`."""
+    sizes = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            size = int(part)
+        except ValueError:
+            raise ValueError(f"--batch takes a comma list of batch sizes, e.g. 1,2,4,8; got {text!r}") from None
+        if not 1 <= size <= MAX_BATCH:
+            raise ValueError(f"--batch: batch sizes must lie in 1..{MAX_BATCH}, got {size}")
+        sizes.append(size)
+    if not sizes:
+        raise ValueError(f"--batch takes a comma list of batch sizes, e.g. 1,2,4,8; got {text!r}")
+    return tuple(dict.fromkeys(sizes))
+
+
+def first_turn_ids(tokenizer, prompts) -> list[torch.Tensor]:
+    """``[1, L]`` ids of every prompt's first turn (chat template where the tokenizer has one)."""
+    from ..prompts import chat_input_ids
+
+    return [chat_input_ids(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
 
 
 @dataclass
@@ -75,8 +102,21 @@ def bootstrap_interval(generate: np.ndarray, probe: np.ndarray, seed: int = 0) -
 
 
 def measure_batches(model, decoder, prompt_ids: list[torch.Tensor], sizes: list[int], max_new_tokens: int,
-                    pad_token_id: int, eos: set[int], progress=None) -> list[BatchRow]:
-    """Every batch size in ``sizes`` over the same prompts (see the module docstring)."""
+                    pad_token_id: int | None = None, eos: set[int] | None = None, progress=None) -> list[BatchRow]:
+    """Every batch size in ``sizes`` over the same prompts (see the module docstring).
+    ``pad_token_id`` / ``eos``: default from the model's generation config (then the tokenizer's
+    end-of-sequence token)."""
+    if eos is None or pad_token_id is None:
+        config_eos = model.generation_config.eos_token_id
+        config_eos = [config_eos] if isinstance(config_eos, int) else list(config_eos or [])
+        eos = set(config_eos) if eos is None else eos
+        if pad_token_id is None:
+            pad_token_id = model.generation_config.pad_token_id
+            pad_token_id = pad_token_id if pad_token_id is not None else (config_eos[0] if config_eos else 0)
+    too_big = [s for s in sizes if s > len(prompt_ids)]
+    if too_big:
+        raise ValueError(f"batch size {max(too_big)} needs at least {max(too_big)} prompts; there are {len(prompt_ids)} "
+                         "(raise --limit)")
     rows = []
     for size in sizes:
         batches = [prompt_ids[i : i + size] for i in range(0, len(prompt_ids) - size + 1, size)]
@@ -110,6 +150,27 @@ def measure_batches(model, decoder, prompt_ids: list[torch.Tensor], sizes: list[
         tau = float(np.mean(accepted)) if accepted else 1.0
         rows.append(BatchRow(size, len(batches), tokens, float(g.sum()), float(p.sum()), low, high, tau, identical))
     return rows
+
+
+def batch_sentence(rows: list[BatchRow]) -> str:
+    """One line in words: the speedup at each batch size."""
+    parts = [f"B={r.batch}: {r.speedup:.2f}x ({r.low:.2f}-{r.high:.2f}), identical {r.identical}/{r.batches}" for r in rows]
+    return "default decoder on batches, against model.generate on the same batches: " + "; ".join(parts)
+
+
+def rich_batch_table(rows: list[BatchRow], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("batch", "batches", "generate tok/s", "probe-mtp tok/s", "speedup", "95% interval", "tau", "identical"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        d = r.as_dict()
+        colour = "green" if r.speedup > 1 else "default"
+        table.add_row(str(r.batch), str(r.batches), f"{d['generate_tokens_per_second']:.1f}",
+                      f"{d['probe_tokens_per_second']:.1f}", f"[{colour}]{r.speedup:.2f}x[/{colour}]",
+                      f"{r.low:.2f}-{r.high:.2f}", f"{r.tau:.2f}", f"{r.identical}/{r.batches}")
+    return table
 
 
 def markdown_batch_table(rows: list[BatchRow]) -> str:

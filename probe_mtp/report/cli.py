@@ -78,6 +78,10 @@ def add_run_arguments(r, budget: str, limit: int | None, tokens: int | None, dra
                    "'-' writes nothing)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--batch", default=None, metavar="SIZES",
+                   help="also decode the prompts' first turns as left-padded batches of these sizes (comma list, "
+                   "e.g. 1,2,4,8), the default decoder against model.generate on the same batches: tokens/s, "
+                   "speedup with a 95%% interval over batches, tau, identical batches")
 
 
 SWEPT = ("drafter", "budget", "masks", "acceptance")
@@ -161,6 +165,10 @@ def prepare_run(args, loaded=None, default: bool = True):
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     settings = settings_from_args(args, default=default)
     prompts = select_prompts(settings)
+    sizes = batch_sizes(args)
+    if sizes and max(sizes) > len(prompts):
+        raise ValueError(f"--batch {max(sizes)} needs at least {max(sizes)} prompts; {len(prompts)} are selected "
+                         "(raise --limit)")
     if args.out and args.out != "-":
         check_output_folder(args.out)
     if args.threads is not None:
@@ -176,6 +184,39 @@ def prepare_run(args, loaded=None, default: bool = True):
     else:
         model, tokenizer = loaded
     return console, progress_console, settings, prompts, model, tokenizer
+
+
+def batch_sizes(args) -> tuple[int, ...]:
+    """``--batch`` parsed (empty when not given)."""
+    from .batches import parse_batch_sizes
+
+    given = getattr(args, "batch", None)
+    return parse_batch_sizes(given) if given is not None else ()
+
+
+def run_batches(args, model, tokenizer, settings, prompts, console, progress_console):
+    """``--batch``: the default decoder against model.generate on the same left-padded batches;
+    prints the table and its sentence and returns the rows."""
+    import torch
+
+    from ..decoder import ProbeDecoder
+    from .batches import batch_sentence, first_turn_ids, measure_batches, rich_batch_table
+
+    sizes = batch_sizes(args)
+    decoder = ProbeDecoder(model, tokenizer)
+    ids = first_turn_ids(tokenizer, prompts)
+
+    def progress(size, done, total):
+        if not args.no_progress:
+            progress_console.print(f"batch size {size}: {done}/{total} batches", highlight=False)
+
+    with torch.no_grad():
+        rows = measure_batches(model, decoder, ids, list(sizes), settings.max_new_tokens, progress=progress)
+    title = (f"batches: {settings.model}, {len(ids)} prompts (first turns), {settings.max_new_tokens} new tokens, "
+             f"greedy, {torch.get_num_threads()} threads")
+    console.print(rich_batch_table(rows, title))
+    console.print(batch_sentence(rows), highlight=False)
+    return rows
 
 
 def busy_machine_note(threads: int, load: float | None = None, cores: int | None = None) -> str | None:
@@ -229,6 +270,9 @@ def cmd_report(args, loaded=None) -> int:
         model, tokenizer, settings, prompts, progress=not args.no_progress, console=progress_console
     )
     print_report(report, console)
+    if batch_sizes(args):
+        report.batches = [r.as_dict() for r in run_batches(args, model, tokenizer, settings, prompts, console,
+                                                           progress_console)]
     bad = sum(1 for r in report.records if not r["identical_to_greedy"])
     if bad:
         console.print(f"[red]{bad} of {len(report.records)} outputs differ from model.generate greedy[/red]"
@@ -293,6 +337,8 @@ def cmd_bench(args, loaded=None) -> int:
     if args.drafter is None:
         args.drafter = ("esp",)
     console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded, default=False)
+    if batch_sizes(args):
+        return bench_batches(args, model, tokenizer, settings, prompts, console, progress_console)
     probe = ProbeDecoder(model, tokenizer)
     curve = probe.cost_curve(probe.config)
     progress_console.print(f"cost curve: {curve}", highlight=False)
@@ -306,6 +352,10 @@ def cmd_bench(args, loaded=None) -> int:
              f"{settings.max_new_tokens} tokens, {args.repeats} repetitions, {torch.get_num_threads()} threads, "
              f"memory {'/'.join(settings.memory)}")
     console.print(rich_speed_table(rows, title))
+    from .outputs import memory_lines
+
+    for line in memory_lines(reports[-1].memories):
+        console.print(line, highlight=False)
     memory = []
     if args.memory_tokens:
         from .memory import MKL_CACHE_SWITCH, compare_memory
@@ -335,7 +385,33 @@ def cmd_bench(args, loaded=None) -> int:
         write_files(out, {
             "bench.json": json.dumps(payload, indent=1),
             "bench.md": f"# {title}\n\n{curve}\n\nMemory: {memory_sentence(settings.memory)}.\n\n"
-            + markdown_speed_table(rows),
+            + markdown_speed_table(rows)
+            + "".join(f"\n{line}\n" for line in memory_lines(reports[-1].memories)),
+        })
+        console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", highlight=False)
+    sys.stdout.flush()
+    return 0
+
+
+def bench_batches(args, model, tokenizer, settings, prompts, console, progress_console) -> int:
+    """``probe-mtp bench --batch SIZES``: the batch table alone (bench.json, bench.md)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from .batches import batch_sentence, markdown_batch_table
+    from .harness import environment
+
+    rows = run_batches(args, model, tokenizer, settings, prompts, console, progress_console)
+    if args.out and args.out != "-":
+        out = Path(args.out)
+        env = environment()
+        payload = {"settings": settings.as_dict(), "environment": env, "batches": [r.as_dict() for r in rows]}
+        write_files(out, {
+            "bench.json": json.dumps(payload, indent=1),
+            "bench.md": f"# probe-mtp bench --batch: {settings.model}, {len(prompts)} prompts, "
+            f"{settings.max_new_tokens} new tokens, {env['processor']}, {env['torch_threads']} threads\n\n"
+            + markdown_batch_table(rows) + "\n" + batch_sentence(rows) + "\n",
         })
         console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", highlight=False)
     sys.stdout.flush()

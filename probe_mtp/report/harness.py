@@ -461,6 +461,8 @@ class Report:
     total_seconds: float
     methods: list[str] = field(default_factory=list)
     pass_costs: dict = field(default_factory=dict)
+    batches: list[dict] = field(default_factory=list)  # --batch: one row per batch size (report.batches)
+    memories: dict = field(default_factory=dict)  # {label: a warm decoder's memory after the stream}
 
     @property
     def summary(self) -> list[dict]:
@@ -488,7 +490,7 @@ class Report:
             raise ValueError(f"not a {SCHEMA} report (schema: {d.get('schema')!r})")
         costs = (d.get("equal_budget") or {}).get("pass_cost_relative_to_one_token") or {}
         return cls(d["settings"], d["environment"], d["records"], d["started_at"], d["total_seconds"], d["methods"],
-                   {int(k): v for k, v in costs.items()})
+                   {int(k): v for k, v in costs.items()}, list(d.get("batches") or []), dict(d.get("memories") or {}))
 
     def as_dict(self) -> dict:
         from .summary import default_section, equal_budget_section
@@ -503,6 +505,8 @@ class Report:
             "methods": list(self.methods),
             "default": default_section(self.records, summary, self.default_labels),
             "equal_budget": equal_budget_section(summary, self.fixed_labels, self.settings, self.pass_costs),
+            "batches": list(self.batches),
+            "memories": dict(self.memories),
             "records": self.records,
             "summary": summary,
         }
@@ -702,12 +706,34 @@ def run_report(
                 history = messages + [{"role": "assistant", "content": answer}]
         bar.update(job, description="done")
     costs = pass_costs(methods, settings.budgets) if fixed else {}
+    total = time.perf_counter() - t_start
     return Report(
         settings=settings.as_dict(),
         environment={**env, "load_average_after": environment()["load_average"]},
         records=records,
         started_at=started,
-        total_seconds=time.perf_counter() - t_start,
+        total_seconds=total,
         methods=[m.label for m in methods],
         pass_costs=costs,
+        memories={m.label: memory_figures(m.decoder.memory) for m in methods
+                  if m.decoder is not None and m.decoder.memory is not None and m.decoder.memory.requests},
     )
+
+
+def memory_figures(memory) -> dict:
+    """A warm decoder's drafting memory after the stream: its size, and how long a save to a file and
+    a load back take (the round trip of ``save_memory`` / ``ProbeDecoder(memory=path)``)."""
+    import tempfile
+
+    from ..memory import DraftingMemory
+
+    figures = memory.summary()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "memory.safetensors"
+        t0 = time.perf_counter()
+        memory.save(path)
+        t1 = time.perf_counter()
+        DraftingMemory.load(path, memory.identity, memory.tokenizer, max_bytes=memory.max_bytes)
+        t2 = time.perf_counter()
+        figures.update(file_bytes=path.stat().st_size, save_seconds=t1 - t0, load_seconds=t2 - t1)
+    return figures

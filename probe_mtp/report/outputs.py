@@ -204,6 +204,28 @@ def _markdown_default(report: Report, summary: list[dict]) -> list[str]:
     return lines
 
 
+def memory_lines(memories: dict) -> list[str]:
+    """One line per warm decoder: its drafting memory after the stream and the save/load round trip."""
+    return [f"memory after the stream, {label}: {m['requests']} requests, {m['corpus_tokens']} corpus tokens, "
+            f"{m['bytes'] / 2**20:.1f} MB of {m['max_bytes'] / 2**20:.0f} MB; file {m['file_bytes'] / 2**20:.1f} MB, "
+            f"save {1000 * m['save_seconds']:.0f} ms, load {1000 * m['load_seconds']:.0f} ms"
+            for label, m in memories.items()]
+
+
+def _markdown_batches(rows: list[dict]) -> list[str]:
+    """``--batch``: the default decoder on left-padded batches (ratios; the tokens/s are in report.json)."""
+    if not rows:
+        return []
+    lines = ["", "## Batches", "",
+             "The prompts' first turns as left-padded batches, the default decoder against `model.generate` on "
+             "the same batches (greedy, row for row identical is checked per batch).", "",
+             "| batch | batches | speedup [95% interval] | tau | identical |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['batches']} | {r['speedup']:.2f}x [{r['speedup_low']:.2f}, "
+                     f"{r['speedup_high']:.2f}] | {r['tau']:.2f} | {r['identical']}/{r['batches']} |")
+    return lines
+
+
 def markdown_summary(report: Report) -> str:
     """Ratios only (tau, tokens per pass, speedups, lossless counts): absolute speeds depend on the
     machine and are kept in report.json.  The default configuration first, then the equal-budget
@@ -235,6 +257,9 @@ def markdown_summary(report: Report) -> str:
         "position (1.00 for every lossless method; `confadapt` is lossy).",
     ]
     lines += _markdown_default(report, summary)
+    lines += _markdown_batches(report.batches)
+    if report.memories:
+        lines += ["", "## Drafting memory", ""] + [f"- {line}" for line in memory_lines(report.memories)]
     lines += [
         "",
         "## Equal block complexity",
@@ -506,3 +531,5 @@ def print_report(report: Report, console) -> None:
         console.print(fixed_budget_note(report.pass_costs), highlight=False)
     if first is None and second is None:
         console.print(rich_table(report))
+    for line in memory_lines(report.memories):
+        console.print(line, highlight=False)

@@ -18,7 +18,7 @@ from probe_mtp.drafters import DRAFTERS
 from probe_mtp.prompts import Prompt
 from probe_mtp.report import GREEDY, HF_PLD, ReportSettings, run_report
 from probe_mtp.report.baselines import DEFAULT
-from probe_mtp.report.cli import FULL, QUICK, cmd_report, settings_from_args
+from probe_mtp.report.cli import FULL, QUICK, cmd_bench, cmd_report, settings_from_args
 from probe_mtp.report.streams import build_stream
 
 from report_schema import check_schema
@@ -93,6 +93,9 @@ def _exit_code(argv: list[str]) -> int:
     (["bench", "--memory", "hot"], "--memory takes warm, cold"),
     (["bench", "--cold", "--memory", "warm"], "disagree"),
     (["bench", "--repeats", "0"], "--repeats"),
+    (["bench", "--batch", "0,2"], "batch sizes must lie in 1..64"),
+    (["bench", "--batch", "two"], "--batch takes a comma list"),
+    (["bench", "--batch", "64", "--limit", "1"], "--batch 64 needs at least 64 prompts"),
 ])
 def test_bad_input_fails_before_loading_a_model_and_writes_nothing(argv, message, tmp_path, capsys, monkeypatch):
     import probe_mtp.loading
@@ -227,6 +230,11 @@ def test_report_runs_the_default_configuration_warm_or_cold(tiny, tmp_path, caps
     assert all(r["identical_to_greedy"] for r in doc["records"])
     assert {r["memory"] for r in doc["records"] if r["label"] == "pld BC=30"} == {memory}
     assert "tau above 2 can still be slower" in (out / "summary.md").read_text()
+    if cold:
+        assert doc["memories"] == {}
+    else:  # each warm decoder's memory after the stream: 4 requests (the warm-up forgotten), saved and loaded
+        assert doc["memories"][DEFAULT]["requests"] == 4 and doc["memories"][DEFAULT]["corpus_tokens"] > 0
+        assert f"memory after the stream, {DEFAULT}: 4 requests" in printed
 
 
 def test_every_method_has_its_own_decoder_and_forgets_the_warm_up(tiny):
@@ -260,3 +268,25 @@ def test_repeat_stream_runs_each_prompt_twice_with_the_same_prompt(tiny):
     assert pld[0]["prompt_tokens"] == pld[1]["prompt_tokens"]
     assert all(r["identical_to_greedy"] for r in report.records)
     assert {r["kind"] for r in report.records} == {"baseline", "probe"}  # the bench has no default row
+
+
+def test_report_and_bench_measure_batches_when_asked(tiny, tmp_path, capsys):
+    out = tmp_path / "rep"
+    argv = ["report", "--prompts", str(_prompt_file(tmp_path)), "--limit", "2", "--max-new-tokens", "5",
+            "--warmup-tokens", "2", "--methods", "none", "--batch", "1,3", "--out", str(out), "--no-progress", "--no-plots"]
+    assert cmd_report(build_parser().parse_args(argv), loaded=tiny) == 0
+    printed = capsys.readouterr().out
+    assert "default decoder on batches, against model.generate on the same batches: B=1:" in printed
+    doc = json.loads((out / "report.json").read_text())
+    check_schema(doc)
+    assert [(r["batch"], r["batches"]) for r in doc["batches"]] == [(1, 3), (3, 1)]
+    assert all(r["identical"] == r["batches"] for r in doc["batches"])  # greedy, row for row
+    assert "## Batches" in (out / "summary.md").read_text()
+
+    bench = tmp_path / "bench"
+    argv = ["bench", "--prompts", str(_prompt_file(tmp_path)), "--limit", "2", "--max-new-tokens", "5", "--batch", "2",
+            "--out", str(bench), "--no-progress"]
+    assert cmd_bench(build_parser().parse_args(argv), loaded=tiny) == 0
+    rows = json.loads((bench / "bench.json").read_text())["batches"]
+    assert [(r["batch"], r["batches"], r["identical"]) for r in rows] == [(2, 1, 1)]
+    assert "| 2 | 1 |" in (bench / "bench.md").read_text()
