@@ -15,7 +15,7 @@ DEFAULT_OUT = "report-out"
 # What `probe-mtp report` measures without options (sized to finish in about 4 minutes on a 2-core
 # CPU, model load and cost curve included), and with --full (every task, every drafter, more prompts).
 QUICK = {"limit": 1, "max_new_tokens": 32, "methods": ("hybrid", "esp", "pld", "lookahead", "stand")}
-FULL = {"limit": 4, "max_new_tokens": 128, "methods": None}
+FULL = {"limit": 2, "max_new_tokens": 128, "methods": None}
 
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
