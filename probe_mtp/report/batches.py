@@ -4,7 +4,9 @@ For each batch size B, the prompts are cut into batches of B (in order), and eve
 decoded greedily by both, alternating which goes first; the speedup is the ratio of their summed
 times, with a 95% interval from a bootstrap over the batches (paired: both sides of a resampled
 batch come from the same run).  Tokens/s counts each row's generated tokens up to its end (its EOS
-or the limit), not the padding after it.
+or the limit), not the padding after it.  Every batch size starts with an empty drafting memory
+(the decoder keeps what it learns within that size's batches, as a long-running process would), so
+no size drafts from the outputs of the same prompts decoded at another size.
 """
 
 from __future__ import annotations
@@ -125,6 +127,10 @@ def measure_batches(model, decoder, prompt_ids: list[torch.Tensor], sizes: list[
         warm_ids, warm_mask = left_padded(batches[0], pad_token_id)
         model.generate(warm_ids, attention_mask=warm_mask, do_sample=False, max_new_tokens=4, pad_token_id=pad_token_id)
         decoder.generate(warm_ids, attention_mask=warm_mask, max_new_tokens=4, pad_token_id=pad_token_id)
+        if decoder.memory is not None:
+            # every size decodes the same prompts: without this, a size would draft the outputs of
+            # the sizes before it from the memory's corpus (a repeat stream, not a batch measurement)
+            decoder.reset_memory()
         gen_times, probe_times, tokens, accepted, identical = [], [], 0, [], 0
         for j, batch in enumerate(batches):
             ids, mask = left_padded(batch, pad_token_id)

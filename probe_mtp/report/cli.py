@@ -14,7 +14,7 @@ DEFAULT_OUT = "report-out"
 
 # What `probe-mtp report` measures without options (sized to finish in about 4 minutes on a 2-core
 # CPU, model load and cost curve included), and with --full (every task, every drafter, more prompts).
-QUICK = {"limit": 1, "max_new_tokens": 32, "methods": ("hybrid", "esp", "pld", "lookahead", "stand")}
+QUICK = {"limit": 1, "max_new_tokens": 48, "methods": ("hybrid", "esp", "pld", "lookahead", "stand")}
 FULL = {"limit": 2, "max_new_tokens": 128, "methods": None}
 
 

@@ -280,6 +280,7 @@ def test_report_and_bench_measure_batches_when_asked(tiny, tmp_path, capsys):
     doc = json.loads((out / "report.json").read_text())
     check_schema(doc)
     assert [(r["batch"], r["batches"]) for r in doc["batches"]] == [(1, 3), (3, 1)]
+
     assert all(r["identical"] == r["batches"] for r in doc["batches"])  # greedy, row for row
     assert "## Batches" in (out / "summary.md").read_text()
 
@@ -290,3 +291,18 @@ def test_report_and_bench_measure_batches_when_asked(tiny, tmp_path, capsys):
     rows = json.loads((bench / "bench.json").read_text())["batches"]
     assert [(r["batch"], r["batches"], r["identical"]) for r in rows] == [(2, 1, 1)]
     assert "| 2 | 1 |" in (bench / "bench.md").read_text()
+
+
+def test_every_batch_size_starts_with_an_empty_memory(tiny):
+    """The sizes decode the same prompts: a size must not draft the outputs of an earlier size."""
+    from probe_mtp import ProbeDecoder
+    from probe_mtp.report.batches import measure_batches
+
+    model, tokenizer = tiny
+    decoder = ProbeDecoder(model, tokenizer)
+    prompts = [torch.tensor([[1, 2, 3, 4, 1, 2]]), torch.tensor([[5, 6, 7]]), torch.tensor([[3, 3, 4, 5, 6]])]
+    with torch.no_grad():
+        rows = measure_batches(model, decoder, prompts, [1, 3], max_new_tokens=4)
+    assert [r.identical for r in rows] == [3, 1]
+    # what the memory holds is the last size's one batch of 3 rows, not the 3 + 3 rows of both sizes
+    assert decoder.memory.requests == 3
