@@ -531,5 +531,6 @@ def print_report(report: Report, console) -> None:
         console.print(fixed_budget_note(report.pass_costs), highlight=False)
     if first is None and second is None:
         console.print(rich_table(report))
-    for line in memory_lines(report.memories):
+    defaults = set(report.default_labels)  # the default configuration's memory (summary.md has every one)
+    for line in memory_lines({k: v for k, v in report.memories.items() if k in defaults}):
         console.print(line, highlight=False)
