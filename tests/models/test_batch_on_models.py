@@ -9,19 +9,9 @@ import torch
 import probe_mtp
 from probe_mtp import ProbeDecoder
 from probe_mtp.prompts import balanced_subset
+from probe_mtp.report.batches import left_padded
 
 from conftest import chat_ids
-
-
-def left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, P]`` ids and attention mask of 1-row id tensors, padded on the left."""
-    width = max(r.shape[1] for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - r.shape[1] :] = r[0]
-        mask[i, width - r.shape[1] :] = 1
-    return ids, mask
 
 
 def test_smollm2_batch_is_row_for_row_generate(smollm2, specbench):
