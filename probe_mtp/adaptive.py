@@ -358,10 +358,10 @@ class AdaptiveBudget(BudgetPolicy):
         kept = keep_nodes(choice.tree, order[:n])
         return StepPlan(kept, k, 0, owners_for(kept, k, self.mask_owners))
 
-    def batch_cost(self, inputs: int, context: int) -> float:
-        """Cost of a batched pass of ``inputs`` inputs in all (rows x width), in the curve's units."""
-        factor = self.size_factors[size_class(inputs)]
-        return self.curve.cost(int(inputs), int(context)) * factor + self.step_overhead
+    def batch_pass_cost(self, inputs: int, context: int) -> float:
+        """The curve's cost of a batched pass of ``inputs`` inputs in all (rows x width), in its
+        units, without the step overhead."""
+        return self.curve.cost(int(inputs), int(context)) * self.size_factors[size_class(inputs)]
 
     def _padded(self, tree: TokenTree, k: int) -> StepPlan:
         plan = StepPlan(tree, k, 0, owners_for(tree, k, self.mask_owners))
@@ -432,20 +432,62 @@ class RowChoice:
         return max(self.gain(False, self.fit(False, width)), self.gain(True, self.fit(True, width)), 0.0)
 
 
-def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: list[int]) -> list[StepPlan]:
+class BatchWidthCosts:
+    """What a batched pass really costs by width (inputs per row), measured on the batches
+    themselves: a running mean of the seconds of every (rows, width) pass seen.
+
+    The one-row cost curve prices a pass of B rows x W inputs as one row of B*W inputs, which holds
+    for the weights but not for attention: over B long contexts, a pass of W > 1 queries per row
+    can cost far more than the curve says (transformers' sdpa path, for grouped-query attention,
+    copies every key/value head once a row has more than one query, but not for one query; see
+    docs/benchmarks.md for the measured figures).  Once a bare pass (width 1) and a width W have
+    been timed over the same number of rows, W is priced by their measured ratio; a width not yet
+    timed is priced by the curve, but never below the dearest measured narrower width (a wider pass
+    costs at least as much)."""
+
+    def __init__(self, decay: float = TIMING_DECAY):
+        self.decay = float(decay)
+        self.seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> running mean seconds
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        old = self.seconds.get((rows, width))
+        self.seconds[(rows, width)] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+    def relative(self, rows: int, width: int, curve_ratio: float) -> float:
+        """The cost of a pass of ``rows`` x ``width`` relative to a bare pass over as many rows:
+        measured, else ``curve_ratio``, at least the largest ratio measured for a narrower width."""
+        bare = self.seconds.get((rows, 1))
+        if width == 1 or bare is None:
+            return 1.0 if width == 1 else curve_ratio
+        if (rows, width) in self.seconds:
+            return self.seconds[(rows, width)] / bare
+        narrower = [t / bare for (r, w), t in self.seconds.items() if r == rows and 1 < w < width]
+        return max([curve_ratio] + narrower)
+
+
+def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: list[int],
+               widths: BatchWidthCosts | None = None) -> list[StepPlan]:
     """The plans of one batched pass, a tree per row.  Rows share the pass, whose cost follows the
     total of its inputs: every row is padded to the widest row's input count W.  With the adaptive
     budget, W is chosen once for the batch, maximising ``(rows + expected draft tokens of every
     row's best tree within W inputs) / cost(rows x W)``; as the batch grows, W shrinks, down to bare
-    one-token steps (W = 1) when no tree pays.  Fixed budgets keep each row's whole tree."""
+    one-token steps (W = 1) when no tree pays.  ``widths``: the batch's measured pass costs by
+    width (:class:`BatchWidthCosts`), which override the curve's price of a width once seen.
+    Fixed budgets keep each row's whole tree."""
     if not all(isinstance(p, AdaptiveBudget) for p in policies):
         return [p.plan(t, c) for p, t, c in zip(policies, trees, contexts)]
     lead = policies[0]
     rows, context = len(trees), max(contexts)
     choices = [p.row_choice(t, context) for p, t in zip(policies, trees)]
+    bare = lead.batch_pass_cost(rows, context)
     best_width, best_value = 1, -1.0
     for width in range(1, max(1, lead.max_inputs // rows) + 1):
-        value = (rows + sum(c.best_gain(width) for c in choices)) / lead.batch_cost(rows * width, context)
+        passes = lead.batch_pass_cost(rows * width, context)
+        if widths is not None:
+            passes = bare * widths.relative(rows, width, passes / bare)
+        value = (rows + sum(c.best_gain(width) for c in choices)) / (passes + lead.step_overhead)
         if value > best_value + 1e-12:
             best_width, best_value = width, value
     return [p.row_plan(c, best_width) for p, c in zip(policies, choices)]

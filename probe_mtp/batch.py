@@ -25,14 +25,15 @@ import time
 import numpy as np
 import torch
 
-from .adaptive import StepPlan, plan_batch
+from .adaptive import BatchWidthCosts, StepPlan, plan_batch
 from .generation import Generation
 from .heap import heap_trimmer
 from .passes import PassInputs
 from .ragged import RaggedCache
 from .stats import DecodeStats, GenerateOutput
-from .step import commit, feed_back, node_tops, propose
+from .step import commit, feed_back, propose
 from .tree import TokenTree, TreeLayout, prefill_layout
+from .vocab import RowTops
 
 
 BARE_WARMUP = 8  # drafting steps before a bare one may skip drafting
@@ -42,9 +43,10 @@ MAX_SKIP = 8  # steps skipped at most between two drafting steps
 class Batch:
     """The rows of one batched generation and what they share: the model's parts, the ragged KV
     cache, the mask format (``layer_types``: the model's attention types; ``window``: its sliding
-    window) and the batch's pass statistics."""
+    window), the measured cost of its passes by width (``widths``) and the batch's pass statistics."""
 
-    def __init__(self, rows: list[Generation], cache: RaggedCache, layer_types: tuple[str, ...], window: int | None):
+    def __init__(self, rows: list[Generation], cache: RaggedCache, layer_types: tuple[str, ...], window: int | None,
+                 widths: BatchWidthCosts | None = None):
         self.rows = rows
         self.parts = rows[0].parts
         self.cache = cache
@@ -57,6 +59,9 @@ class Batch:
         self.skipped = 0
         self.backoff = 0
         self.drafted = 0
+        # what batched passes cost by width, measured (the decoder's, shared by its batches); None:
+        # priced by the cost curve alone
+        self.widths = widths
         self.stats = DecodeStats(method=rows[0].stats.method, budget=rows[0].stats.budget,
                                  num_masks=rows[0].stats.num_masks, masks=rows[0].stats.masks, memory=rows[0].stats.memory)
 
@@ -134,22 +139,26 @@ def batch_step(batch: Batch) -> None:
     if batch.skipped < batch.backoff:
         batch.skipped += 1
         plans = [StepPlan(TokenTree.root_only(int(g.context[-1])), 0) for g in rows]
+        for g in rows:
+            g.drafter.skip_proposal()
     else:
         trees = [propose(g) for g in rows]
-        plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows])
+        plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows], batch.widths)
         batch.drafted += 1
         bare = all(p.num_inputs == 1 for p in plans) and batch.drafted > BARE_WARMUP
         batch.skipped, batch.backoff = 0, (min(max(2 * batch.backoff, 1), MAX_SKIP) if bare else 0)
     layouts, inputs = lay_out_batch(batch, rows, plans)
     t0 = time.perf_counter()
     logits = batch.forward(inputs, keep=[layout.num_inputs for layout in layouts])
-    batch.stats.forward_seconds += time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    batch.stats.forward_seconds += seconds
+    if batch.widths is not None:
+        batch.widths.observe(len(rows), int(inputs.inputs_embeds.shape[1]), seconds)
     batch.stats.forward_passes += 1
     batch.stats.inputs_per_pass.append(int(inputs.inputs_embeds.shape[0] * inputs.inputs_embeds.shape[1]))
     accepted = []
-    for g, plan, row_logits in zip(rows, plans, logits):
+    for g, plan, row_logits, tops in zip(rows, plans, logits, batch_node_tops(rows, plans, logits)):
         nodes = row_logits[: plan.tree.size]
-        tops = node_tops(g, nodes)
         verdict = g.accept(plan.tree, nodes, g.sequence[0], tops)
         g.policy.observe(plan.tree, verdict.path)
         accepted.append((verdict, nodes, tops, g.cached + plan.tree.depths[verdict.path]))
@@ -162,6 +171,18 @@ def batch_step(batch: Batch) -> None:
         g.stats.accepted_lengths.append(commit(g, verdict.tokens, verdict.scores))
         feed_back(g, plan.tree, verdict, nodes, mask_logits, tops)
     batch.drop_finished()
+
+
+def batch_node_tops(rows: list[Generation], plans: list[StepPlan], logits: list[torch.Tensor]) -> list[RowTops | None]:
+    """Every row's :func:`~probe_mtp.step.node_tops`, from one reduction over all rows' nodes."""
+    width = rows[0].drafter.node_top_k
+    if not width:
+        return [None] * len(rows)
+    sizes = [p.tree.size for p in plans]
+    nodes = logits[0][: sizes[0]] if len(rows) == 1 else torch.cat([x[:n] for x, n in zip(logits, sizes)])
+    tops = RowTops.of(nodes, max(width, 2))
+    ends = np.cumsum([0] + sizes)
+    return [RowTops(tops.tokens[a:b], tops.probs[a:b]) for a, b in zip(ends[:-1], ends[1:])]
 
 
 def lay_out_batch(batch: Batch, rows: list[Generation], plans) -> tuple[list[TreeLayout], PassInputs]:

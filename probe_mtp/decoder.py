@@ -18,7 +18,7 @@ import torch
 
 from .architectures import attention_format
 from .acceptance import acceptance_rule
-from .adaptive import AdaptiveBudget, BudgetPolicy, FixedBudget
+from .adaptive import AdaptiveBudget, BatchWidthCosts, BudgetPolicy, FixedBudget
 from .batch import Batch, run_batch
 from .confadapt import ConfAdapt
 from .config import UNTUNED_MASKS, ProbeConfig
@@ -81,6 +81,8 @@ class ProbeDecoder:
         self._embedding_stats: EmbeddingStats | None = None
         self._split_head: SplitHead | None = None
         self._cost_curves: dict[bool, CostCurve] = {}
+        # what batched passes cost by width on this machine, measured by the batches decoded so far
+        self._batch_widths = BatchWidthCosts()
         self._weight_bytes: int | None = None
         self._tuned = TunedMaskStore(model)
         self._auto_tuned: dict[int, TunedMasks | None] = {}
@@ -194,7 +196,9 @@ class ProbeDecoder:
                                 self.model.device)
             window = getattr(self.model.config.get_text_config(decoder=True), "sliding_window", None)
             types = self.fmt.layer_types or ("full_attention",)
-            batch = Batch(rows, cache, types, window if "sliding_attention" in types else None)
+            # a supplied cost curve is taken as said; a measured one is corrected by the batches' own passes
+            widths = self._batch_widths if requests[0].config.cost_curve is None else None
+            batch = Batch(rows, cache, types, window if "sliding_attention" in types else None, widths)
             pad = generation_config._pad_token_tensor
             out = run_batch(batch, None if pad is None else int(pad.reshape(-1)[0]))
             if self.memory is not None:

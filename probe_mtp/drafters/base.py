@@ -4,7 +4,8 @@ A drafter proposes the token tree the next pass verifies and learns from what ve
 The loop calls, per generation:
 
 - :meth:`Drafter.start` once with the prompt;
-- per step :meth:`Drafter.propose` (after setting :attr:`Drafter.min_score`), then
+- per step :meth:`Drafter.propose` (after setting :attr:`Drafter.min_score`; a batched step that
+  skips drafting calls :meth:`Drafter.skip_proposal` instead), then
   :meth:`Drafter.mask_owners` / :meth:`Drafter.mask_free_nodes` through the budget policy, and
   :meth:`Drafter.observe` with the pass's :class:`StepFeedback` (also after the prefill);
 - for ``sampling_rule="rejection"``: :meth:`Drafter.draw_children` once, and
@@ -107,6 +108,11 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
         """The tree to verify next; ``context`` holds every committed token (root last)."""
+
+    def skip_proposal(self) -> None:
+        """The next pass verifies the root alone and :meth:`propose` was not called for it (a batched
+        step that skips drafting): forget the last proposal, so that :meth:`observe` does not
+        score it against tokens it was not made for."""
 
     def mask_owners(self, tree: TokenTree) -> np.ndarray | None:
         """The nodes of ``tree`` (the last proposed tree) that carry the ``num_masks`` masks, in

@@ -236,6 +236,11 @@ class HybridDrafter(Drafter):
         self._tree = tree
         return tree
 
+    def skip_proposal(self) -> None:
+        self._proposals = {}
+        self._grown_index = np.zeros(1, dtype=np.int64)
+        self._tree = None
+
     def _follow_context(self, context: np.ndarray) -> tuple[int, int]:
         """The corpus match after the committed context (read on from where it was left)."""
         state, matched = self._corpus_match

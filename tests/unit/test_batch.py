@@ -12,7 +12,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llama
 
 import probe_mtp
 from probe_mtp import ProbeDecoder
-from probe_mtp.adaptive import AdaptiveBudget, plan_batch
+from probe_mtp.adaptive import AdaptiveBudget, BatchWidthCosts, plan_batch
 from probe_mtp.cost import CostCurve
 from probe_mtp.tree import TokenTree
 
@@ -210,6 +210,39 @@ def test_the_batch_budget_shrinks_trees_as_the_batch_grows():
     one, eight, thirty_two = widths(1), widths(8), widths(32)
     assert max(one) > max(eight) >= max(thirty_two)
     assert thirty_two == {1}  # no tree pays: plain batched steps
+
+
+def test_measured_width_costs_override_the_curve_in_the_batch_budget():
+    curve = CostCurve.from_mapping({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 2.0, 32: 3.5, 64: 7.0})
+    tree = TokenTree.from_paths(1, [[2, 3, 4, 5], [6], [7]])
+    tree = TokenTree(tree.tokens, tree.parents, np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.3, 0.2]))
+    rows = 4
+    widths = BatchWidthCosts()
+
+    def width():
+        policies = [AdaptiveBudget(curve, 0, 64) for _ in range(rows)]
+        return max(p.num_inputs for p in plan_batch(policies, [tree] * rows, [100] * rows, widths))
+
+    assert width() > 1  # the curve says trees pay at 4 rows
+    widths.observe(rows, 1, 0.1)
+    widths.observe(rows, 2, 1.0)  # measured: a second input per row costs 10 bare passes
+    assert widths.relative(rows, 2, 1.1) == pytest.approx(10.0)
+    assert widths.relative(rows, 5, 1.2) == pytest.approx(10.0)  # never below a narrower measured width
+    assert widths.relative(rows, 5, 12.0) == pytest.approx(12.0)
+    assert widths.relative(rows + 1, 2, 1.1) == pytest.approx(1.1)  # no bare pass timed over 5 rows
+    assert width() == 1
+
+
+def test_the_decoder_measures_batch_widths_only_with_a_measured_curve():
+    model = _llama()
+    ids, mask = _batch([5, 9, 3])
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+    supplied = ProbeDecoder(model, **AUTO)
+    assert torch.equal(supplied.generate(ids, attention_mask=mask, max_new_tokens=12), ref)
+    assert not supplied._batch_widths.seconds  # a supplied curve is taken as said
+    measured = ProbeDecoder(model, cost_cache=False)
+    assert torch.equal(measured.generate(ids, attention_mask=mask, max_new_tokens=12), ref)
+    assert measured._batch_widths.seconds  # its passes were timed, for this batch and the next
 
 
 @pytest.mark.parametrize("make", [_llama, _gemma], ids=["llama", "gemma3-sliding"])

@@ -248,6 +248,25 @@ def test_hybrid_merges_sources_into_one_tree_and_calibrates():
     assert d.successors.lookup((3, 4, 1))[1][0][0] == 8
 
 
+def test_hybrid_scores_no_stale_proposal_after_a_skipped_one():
+    """A batched step that skips drafting verifies the root alone; the proposals of the tree before
+    were made for another position and must not be scored against that step's token."""
+    d = HybridDrafter(budget=8, num_masks=0, max_ngram=3)
+    prompt = np.array([1, 2, 3, 4, 1, 2])
+    d.start(prompt)
+    d.observe(_feedback(TokenTree.root_only(2), [0], prompt, [3], _logits([{3: 0.7, 5: 0.2}]), prefill=True))
+    context = np.append(prompt, 3)
+    d.propose(3, context)  # the context proposes 4 after the root
+    trials = {s: d.calibrator.trials[s].sum() for s in d.calibrator.trials}
+    d.skip_proposal()
+    d.observe(_feedback(TokenTree.root_only(3), [0], context, [4], _logits([{4: 0.9}])))
+    assert {s: d.calibrator.trials[s].sum() for s in d.calibrator.trials} == trials
+    # without the skip the same feedback scores the stale proposal at the root
+    d.propose(3, context)
+    d.observe(_feedback(TokenTree.root_only(3), [0], context, [4], _logits([{4: 0.9}])))
+    assert d.calibrator.trials["ngram"].sum() > trials["ngram"]
+
+
 def test_hybrid_learns_the_same_from_the_decoders_row_tops_as_from_the_logits():
     prompt = np.array([1, 2, 3, 4, 1, 2])
     drafters = [HybridDrafter(budget=8, max_ngram=3) for _ in range(2)]
