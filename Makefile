@@ -25,15 +25,19 @@ report: setup
 demo: setup
 	$(VENV)/bin/probe-mtp generate "Explain in three sentences why the sky is blue."
 
+# one test process per core (at most 4); each file runs whole in one process, so module fixtures
+# are built once, and each process loads the models once (from the converted copies, see load_model)
+XDIST := -n auto --maxprocesses=4 --dist loadfile
+
 test: setup
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 $(XDIST)
 
 # the unit tests: no real model (tiny random models built from configs), about a minute
 test-fast: setup
-	$(PY) -m pytest -q tests/unit -m "not model and not slow and not heavy"
+	$(PY) -m pytest -q tests/unit -m "not model and not slow and not heavy" $(XDIST)
 
 test-all: setup
-	$(PY) -m pytest -q -m ""
+	$(PY) -m pytest -q -m "" $(XDIST)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

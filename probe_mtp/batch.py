@@ -31,7 +31,7 @@ from .heap import heap_trimmer
 from .passes import PassInputs
 from .ragged import RaggedCache
 from .stats import DecodeStats, GenerateOutput
-from .step import commit, feed_back, propose
+from .step import commit, feed_back, propose, tops_width
 from .tree import TokenTree, TreeLayout, prefill_layout
 from .vocab import RowTops
 
@@ -175,12 +175,12 @@ def batch_step(batch: Batch) -> None:
 
 def batch_node_tops(rows: list[Generation], plans: list[StepPlan], logits: list[torch.Tensor]) -> list[RowTops | None]:
     """Every row's :func:`~probe_mtp.step.node_tops`, from one reduction over all rows' nodes."""
-    width = rows[0].drafter.node_top_k
+    width = tops_width(rows[0].drafter)
     if not width:
         return [None] * len(rows)
     sizes = [p.tree.size for p in plans]
     nodes = logits[0][: sizes[0]] if len(rows) == 1 else torch.cat([x[:n] for x, n in zip(logits, sizes)])
-    tops = RowTops.of(nodes, max(width, 2))
+    tops = RowTops.of(nodes, width)
     ends = np.cumsum([0] + sizes)
     return [RowTops(tops.tokens[a:b], tops.probs[a:b]) for a, b in zip(ends[:-1], ends[1:])]
 

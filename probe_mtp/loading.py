@@ -3,6 +3,7 @@ and (where the user has network) hub ids."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -11,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from probe_mtp.cost import cache_dir
 
@@ -147,19 +149,34 @@ def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation
     """The GGUF model from its converted copy, writing the copy first when there is none; a copy
     that cannot be read or written costs a warning and a direct load, never a failure."""
     folder = converted_dir(gguf)
-    if (folder / CONVERTED_DONE).is_file():
-        try:
-            model, tokenizer = _from_pretrained(str(folder), {}, dtype, attn_implementation)
-        except Exception as exc:  # noqa: BLE001 - a damaged copy: say so, drop it, read the GGUF file
-            warnings.warn(f"the converted copy {folder} could not be read ({exc}); reading {gguf.name} instead",
-                          stacklevel=3)
-            shutil.rmtree(folder, ignore_errors=True)
-        else:
-            _name_as(model, tokenizer, gguf.parent)
-            return model, tokenizer
-    model, tokenizer = _from_pretrained(str(gguf.parent), {"gguf_file": gguf.name}, torch.float32, attn_implementation)
-    _write_converted(model, tokenizer, folder)
+    with _conversion_lock(folder):  # processes started together convert once; the others read the copy
+        if (folder / CONVERTED_DONE).is_file():
+            try:
+                model, tokenizer = _from_pretrained(str(folder), {}, dtype, attn_implementation)
+            except Exception as exc:  # noqa: BLE001 - a damaged copy: say so, drop it, read the GGUF file
+                warnings.warn(f"the converted copy {folder} could not be read ({exc}); reading {gguf.name} instead",
+                              stacklevel=3)
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                _name_as(model, tokenizer, gguf.parent)
+                return model, tokenizer
+        model, tokenizer = _from_pretrained(str(gguf.parent), {"gguf_file": gguf.name}, torch.float32,
+                                            attn_implementation)
+        _write_converted(model, tokenizer, folder)
     return model.to(dtype), tokenizer
+
+
+@contextlib.contextmanager
+def _conversion_lock(folder: Path):
+    """An inter-process lock beside ``folder`` (none where the cache folder cannot be made: the
+    write then fails with its own warning)."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield
+        return
+    with FileLock(str(folder.with_name(folder.name + ".lock"))):
+        yield
 
 
 def _write_converted(model, tokenizer, folder: Path) -> None:

@@ -85,8 +85,15 @@ def verify_pass(gen: Generation, tree: TokenTree, layout: TreeLayout, inputs: Pa
 def node_tops(gen: Generation, node_logits: torch.Tensor) -> RowTops | None:
     """Every node's most probable tokens, once, when the drafter learns from them (the greedy walk
     reads their argmax too)."""
-    width = gen.drafter.node_top_k
-    return RowTops.of(node_logits, max(width, 2)) if width else None
+    width = tops_width(gen.drafter)
+    return RowTops.of(node_logits, width) if width else None
+
+
+def tops_width(drafter) -> int:
+    """How many top tokens of every node to keep: the drafter's ``node_top_k``, at least two; 0 (a
+    drafter that learns nothing from them): none."""
+    width = drafter.node_top_k
+    return max(width, 2) if width else 0
 
 
 def commit(gen: Generation, tokens, scores) -> int:

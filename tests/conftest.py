@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import probe_mtp
 from probe_mtp.prompts import balanced_subset, chat_input_ids, load_prompts
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# at most 2 threads per test process; under pytest-xdist (make test) the cores are shared by the workers
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // WORKERS)))
 
 
 @pytest.fixture(scope="session")

@@ -188,9 +188,7 @@ class HybridDrafter(Drafter):
             self.calibrator.reset()
         self.context.reset()
         self._mask_candidates: list[tuple[list[int], list[int]]] = []  # per depth: tokens, cells
-        self._proposals: dict[int, dict[int, list[int]]] = {}
-        self._grown_index = np.zeros(1, dtype=np.int64)
-        self._tree: TokenTree | None = None  # the last proposed tree
+        self.skip_proposal()
         self._root_tail: tuple[int, ...] = ()  # the last tokens of the context, root last
         self._corpus_match = (0, 0)  # the corpus state and match length after the committed context
         self._corpus_read = 0  # committed tokens read into it
@@ -237,9 +235,10 @@ class HybridDrafter(Drafter):
         return tree
 
     def skip_proposal(self) -> None:
-        self._proposals = {}
+        """No proposal is pending: the next feedback scores none."""
+        self._proposals: dict[int, dict[int, list[int]]] = {}
         self._grown_index = np.zeros(1, dtype=np.int64)
-        self._tree = None
+        self._tree: TokenTree | None = None  # the last proposed tree
 
     def _follow_context(self, context: np.ndarray) -> tuple[int, int]:
         """The corpus match after the committed context (read on from where it was left)."""
