@@ -21,9 +21,10 @@ from report_schema import check_schema
 # --------------------------------------------------------------------------- end to end
 
 
-def test_report_end_to_end(smollm2, tmp_path, capsys):
+def test_report_end_to_end(smollm2, tmp_path, capsys, monkeypatch):
     """2 prompts, 16 new tokens: the default configuration, esp and the two baselines, through the
     real argument parser."""
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough that no label wraps (pytest-xdist workers set 80)
     out = tmp_path / "rep"
     args = build_parser().parse_args(
         ["report", "--tasks", "qa,math_reasoning", "--limit", "1", "--max-new-tokens", "16", "--methods", "esp",
