@@ -388,7 +388,7 @@ def cost_curve_for(model, use_disk: bool = True, directory: Path | None = None, 
     if use_disk:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes writing at once never share one
             tmp.write_text(json.dumps({"format": FORMAT_VERSION, "key": key, "curve": curve.as_dict()}, indent=1))
             tmp.replace(path)
         except OSError:

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.model  # the notebook loads the embedded SmolLM2 in its own kernel
 
@@ -21,6 +22,9 @@ def test_cosine_alignment_notebook_executes(tmp_path, monkeypatch):
     # 3 prompts of 16 tokens: checks that it runs, in a quarter of the time
     monkeypatch.setenv("PROBE_MTP_NOTEBOOK_PER_TASK", "1")
     monkeypatch.setenv("PROBE_MTP_NOTEBOOK_NEW_TOKENS", "16")
+    # the kernel is a process of its own: give it this test process's threads, not every core
+    # (under pytest-xdist other workers use the rest; two threads per core stall each other)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
     copy = tmp_path / NOTEBOOK.name
     shutil.copy(NOTEBOOK, copy)
     nb = nbformat.read(copy, as_version=4)
