@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .attention import GROUPED_SDPA, grouped_query_attention, uses_grouped_attention
+
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 HEAD_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 CURVE_CONTEXT = 128
@@ -280,7 +282,8 @@ def measure_cost_curve(
         keep_accepted(cache, n, torch.zeros(0, dtype=torch.long, device=device))
         return elapsed
 
-    fastest = _fastest_of_rounds(sizes, lambda n: [one_pass(ctx, n) for ctx in contexts], rounds)
+    with grouped_query_attention(model):  # passes run as the decoder runs them
+        fastest = _fastest_of_rounds(sizes, lambda n: [one_pass(ctx, n) for ctx in contexts], rounds)
     row = lambda i: tuple(float(fastest[n][i]) for n in sizes)  # noqa: E731
     long_row = None if long_context is None else row(1)
     head_args = (None, None) if head is None else (tuple(head_rows), head_seconds)
@@ -356,7 +359,7 @@ def curve_key(model, split_head: bool = False) -> dict:
         "layers": int(getattr(config.get_text_config(), "num_hidden_layers", 0) or 0),
         "dtype": str(model.dtype),
         "device": str(model.device),
-        "attn": str(getattr(config, "_attn_implementation", "")),
+        "attn": GROUPED_SDPA if uses_grouped_attention(model) else str(getattr(config, "_attn_implementation", "")),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),

@@ -18,6 +18,7 @@ import torch
 
 from .architectures import attention_format
 from .acceptance import acceptance_rule
+from .attention import grouped_query_attention
 from .adaptive import AdaptiveBudget, BatchWidthCosts, BudgetPolicy, FixedBudget
 from .batch import Batch, run_batch
 from .confadapt import ConfAdapt
@@ -174,7 +175,7 @@ class ProbeDecoder:
     def decode(self, request: DecodeRequest) -> GenerateOutput:
         """Run one generation (one row).  Afterwards the prompt and its output join the drafting
         memory's corpus."""
-        with self._lock:
+        with self._lock, grouped_query_attention(self.model):
             generation, strategy = self.start(request)
             out = run(generation, strategy)
             if self.memory is not None:
@@ -187,7 +188,7 @@ class ProbeDecoder:
         result is padded as ``model.generate`` pads a batch."""
         if requests[0].config.acceptance == "confadapt":
             raise ValueError("acceptance='confadapt' decodes one sequence at a time; use a batch of one row")
-        with self._lock:
+        with self._lock, grouped_query_attention(self.model):
             memory = self.memory if self.memory is not None else DraftingMemory(self._cold_bytes())
             rows = [self.start(request, memory=memory, with_cache=False)[0] for request in requests]
             longest = max(g.buffer.shape[1] for g in rows)

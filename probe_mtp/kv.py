@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from .attention import GROUPED_SDPA
 from .tree import additive_mask, full_attention_mask, sliding_attention_mask
 
 SUPPORTED_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
@@ -183,7 +184,7 @@ class AttentionFormat:
         take a tree mask).  Use :func:`probe_mtp.architectures.attention_format`, which first checks
         that the model can verify a tree at all and reads its layer types."""
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
-        if impl == "sdpa":
+        if impl in ("sdpa", GROUPED_SDPA):  # the second: sdpa while a decoder runs (probe_mtp.attention)
             return cls(None, model.device, layer_types)
         if impl == "eager":
             return cls(model.dtype, model.device, layer_types)
