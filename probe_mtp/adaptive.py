@@ -437,9 +437,9 @@ class BatchWidthCosts:
     themselves: a running mean of the seconds of every (rows, width) pass seen.
 
     The one-row cost curve prices a pass of B rows x W inputs as one row of B*W inputs, which holds
-    for the weights but not for attention: over B long contexts, a pass of W > 1 queries per row
-    can cost far more than the curve says (transformers' sdpa path, for grouped-query attention,
-    copies every key/value head once a row has more than one query, but not for one query; see
+    for the weights but not for attention: B rows read B contexts, and a pass of W > 1 queries per
+    row can take another attention path than a bare one (on GPUs transformers' sdpa copies grouped
+    key/value heads for it; on CPUs :mod:`probe_mtp.attention` avoids the copy; see
     docs/benchmarks.md for the measured figures).  Once a bare pass (width 1) and a width W have
     been timed over the same number of rows, W is priced by their measured ratio; a width not yet
     timed is priced by the curve, but never below the dearest measured narrower width (a wider pass
