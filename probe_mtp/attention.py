@@ -64,13 +64,13 @@ def uses_grouped_attention(model) -> bool:
 
 
 @contextmanager
-def grouped_query_attention(model, enabled: bool = True):
+def grouped_query_attention(model):
     """Run ``model`` with :func:`grouped_sdpa_attention` inside the block (when
     :func:`uses_grouped_attention`), then give it back its ``sdpa``.  Blocks that nest, or that run at
     once in several threads on one model, leave the switching to the outermost: a block entered
     while the model is already switched changes nothing, and one that leaves restores ``sdpa``
     (the two compute the same numbers, so a block still running is not affected, only slower)."""
-    if not enabled or not uses_grouped_attention(model) or model.config._attn_implementation == GROUPED_SDPA:
+    if not uses_grouped_attention(model) or model.config._attn_implementation == GROUPED_SDPA:
         yield
         return
     model.set_attn_implementation(GROUPED_SDPA)
