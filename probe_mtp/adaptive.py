@@ -23,6 +23,12 @@ the proposals that need no masks (for the ESP drafter: none, i.e. a bare one-tok
 mask-free side wins, the masks are re-probed now and then (after 1, 2, 4, ... 64 mask-free steps) to
 see whether they have become worth their cost again.  Only the tree's size changes, never what
 verification accepts, so decoding stays lossless.
+
+The per-depth calibration makes the estimates right on average over the trees verified, but the
+budget picks a wide tree exactly when its estimates run high, so wide passes tend to yield less
+than estimated (and more so with a warm drafting memory, whose carried proposals widen the trees).
+Per size class, the policy therefore also keeps what passes of that class yielded against what
+their plans expected (:class:`YieldCalibration`) and scales a plan's expected draft tokens by it.
 """
 
 from __future__ import annotations
@@ -136,6 +142,30 @@ class DepthCalibration:
         self.accepted[1 : min(accepted_depth, top) + 1] += 1.0
 
 
+class YieldCalibration:
+    """Per size class of pass: the draft tokens its passes yielded against the sum of the
+    estimates their plans were chosen on, as decayed sums (a class moves only when one of its
+    passes is seen).  ``factor(c) = (yielded + PRIOR) / (expected + PRIOR)``, within
+    [MIN_FACTOR, MAX_FACTOR]: 1 before any evidence."""
+
+    PRIOR = 2.0  # pseudo draft tokens: a few passes before the factor moves far
+    MIN_FACTOR, MAX_FACTOR = 0.25, 1.5
+
+    def __init__(self, decay: float = 0.97):
+        self.decay = float(decay)
+        self.yielded = np.zeros(SIZE_CLASSES)
+        self.expected = np.zeros(SIZE_CLASSES)
+
+    def factors(self) -> np.ndarray:
+        raw = (self.yielded + self.PRIOR) / (self.expected + self.PRIOR)
+        return np.clip(raw, self.MIN_FACTOR, self.MAX_FACTOR)
+
+    def observe(self, size_class_: int, expected: float, yielded: int) -> None:
+        c = int(size_class_)
+        self.yielded[c] = self.decay * self.yielded[c] + float(yielded)
+        self.expected[c] = self.decay * self.expected[c] + float(expected)
+
+
 @dataclass
 class BudgetState:
     """What the adaptive budget learns, kept across requests by the decoder's drafting memory:
@@ -143,6 +173,7 @@ class BudgetState:
     factor, and the step overhead (in seconds and in the curve's units)."""
 
     calibration: DepthCalibration = field(default_factory=DepthCalibration)
+    yields: YieldCalibration = field(default_factory=YieldCalibration)
     size_factors: np.ndarray = field(default_factory=lambda: np.ones(SIZE_CLASSES))
     scale: float | None = None  # running mean of real forward time / curve time
     overhead_seconds: float = 0.0
@@ -153,14 +184,19 @@ class BudgetState:
             "accepted": self.calibration.accepted.copy(),
             "score_sum": self.calibration.score_sum.copy(),
             "size_factors": self.size_factors.copy(),
+            "yielded": self.yields.yielded.copy(),
+            "expected": self.yields.expected.copy(),
             "timings": np.array([np.nan if self.scale is None else self.scale, self.overhead_seconds, self.step_overhead]),
         }
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "BudgetState":
         state = cls()
-        for name, target in (("accepted", state.calibration.accepted), ("score_sum", state.calibration.score_sum),
-                             ("size_factors", state.size_factors)):
+        parts = [("accepted", state.calibration.accepted), ("score_sum", state.calibration.score_sum),
+                 ("size_factors", state.size_factors)]
+        # files written before the yield calibration lack it: it starts empty
+        parts += [(n, t) for n, t in (("yielded", state.yields.yielded), ("expected", state.yields.expected)) if n in arrays]
+        for name, target in parts:
             value = np.asarray(arrays[name], dtype=np.float64)
             if value.shape != target.shape or not np.all(np.isfinite(value)) or np.any(value < 0):
                 raise ValueError(f"budget state {name!r} has shape {value.shape}, expected {target.shape}, non-negative")
@@ -195,6 +231,8 @@ class AdaptiveBudget(BudgetPolicy):
         self.free_steps = 0
         self.backoff = 1
         self.choices = {"mask": 0, "free": 0, "probe": 0}
+        self._gain_factors = self.state.yields.factors()[self._classes]  # per input count
+        self._pending: tuple[int, float] | None = None  # the last plan's (size class, expected draft tokens)
 
     @classmethod
     def for_drafter(cls, curve: CostCurve, drafter: Drafter, max_inputs: int,
@@ -292,7 +330,9 @@ class AdaptiveBudget(BudgetPolicy):
 
     def _best(self, tree: TokenTree, est: np.ndarray, candidates: np.ndarray, k: int):
         order = candidates[np.lexsort((candidates, -est[candidates]))]
-        n, value = choose_node_count(est[order], self._cost, lambda size: self._inputs(size, k), max_inputs=self.max_inputs)
+        factors = self._gain_factors
+        n, value = choose_node_count(est[order], self._cost, lambda size: self._inputs(size, k), max_inputs=self.max_inputs,
+                                     gain_factor=lambda inputs: factors[min(inputs, factors.shape[0] - 1)])
         return order[: max(n, 0)], n, value
 
     def plan(self, tree: TokenTree, context_length: int | None = None) -> StepPlan:
@@ -302,7 +342,7 @@ class AdaptiveBudget(BudgetPolicy):
         draft = best_order(tree, est)
         if self.k == 0:
             keep, _, _ = self._best(tree, est, draft, 0)
-            return self._padded(keep_nodes(tree, keep), 0)
+            return self._padded(keep_nodes(tree, keep), 0, est[keep].sum())
         free = self._free_nodes(tree)
         keep_free, n_free, v_free = self._best(tree, est, draft[free[draft]], 0)
         keep_mask, n_mask, v_mask = self._best(tree, est, draft, self.k)
@@ -310,17 +350,18 @@ class AdaptiveBudget(BudgetPolicy):
         if n_mask >= 0 and has_mask_proposals and v_mask >= v_free:
             self.free_steps, self.backoff = 0, 1
             self.choices["mask"] += 1
-            return self._padded(keep_nodes(tree, keep_mask), self.k)
+            return self._padded(keep_nodes(tree, keep_mask), self.k, est[keep_mask].sum())
         if self.free_steps >= self.backoff:
             # re-probe: attach masks so that the next step sees fresh mask proposals (with the
             # smallest tree when no size is efficient: one such step in `backoff` costs little)
             self.free_steps = 0
             self.backoff = min(2 * self.backoff, MAX_BACKOFF)
             self.choices["probe"] += 1
-            return self._padded(keep_nodes(tree, keep_mask if n_mask >= 0 else draft[:0]), self.k)
+            keep = keep_mask if n_mask >= 0 else draft[:0]
+            return self._padded(keep_nodes(tree, keep), self.k, est[keep].sum())
         self.free_steps += 1
         self.choices["free"] += 1
-        return self._padded(keep_nodes(tree, keep_free), 0)
+        return self._padded(keep_nodes(tree, keep_free), 0, est[keep_free].sum())
 
     # ------------------------------------------------------------------ one row of a batch
     def row_choice(self, tree: TokenTree, context: int) -> RowChoice:
@@ -356,16 +397,24 @@ class AdaptiveBudget(BudgetPolicy):
             self.choices["free"] += 1
         order, n, k = (choice.masked[0], n_mask, self.k) if use_masks else (choice.free[0], max(n_free, 0), 0)
         kept = keep_nodes(choice.tree, order[:n])
-        return StepPlan(kept, k, 0, owners_for(kept, k, self.mask_owners))
+        plan = StepPlan(kept, k, 0, owners_for(kept, k, self.mask_owners))
+        self._pending = (size_class(plan.num_inputs), max(choice.gain(use_masks, n), 0.0))
+        return plan
+
+    def gain_factors(self, inputs: np.ndarray) -> np.ndarray:
+        """The yield calibration's factor for passes of each of ``inputs`` inputs (see
+        :class:`YieldCalibration`)."""
+        return self._gain_factors[np.minimum(inputs, self._gain_factors.shape[0] - 1)]
 
     def batch_pass_cost(self, inputs: int, context: int) -> float:
         """The curve's cost of a batched pass of ``inputs`` inputs in all (rows x width), in its
         units, without the step overhead."""
         return self.curve.cost(int(inputs), int(context)) * self.size_factors[size_class(inputs)]
 
-    def _padded(self, tree: TokenTree, k: int) -> StepPlan:
+    def _padded(self, tree: TokenTree, k: int, expected: float) -> StepPlan:
         plan = StepPlan(tree, k, 0, owners_for(tree, k, self.mask_owners))
         inputs = plan.num_inputs
+        self._pending = (size_class(inputs), float(expected))
         pad = int(self.pad_to[inputs]) if inputs <= self.max_inputs else 0
         plan.pad_to = pad if pad > inputs else 0
         return plan
@@ -381,7 +430,13 @@ class AdaptiveBudget(BudgetPolicy):
         return free
 
     def observe(self, tree: TokenTree, accepted: np.ndarray) -> None:
-        self.calibration.observe(tree, int(tree.depths[accepted[-1]]))
+        depth = int(tree.depths[accepted[-1]])
+        self.calibration.observe(tree, depth)
+        if self._pending is not None and tree.size > 1:
+            size_class_, expected = self._pending
+            self.state.yields.observe(size_class_, expected, depth)
+            self._gain_factors = self.state.yields.factors()[self._classes]
+        self._pending = None
 
 
 class FixedBudget(BudgetPolicy):
@@ -428,8 +483,19 @@ class RowChoice:
         """Expected draft tokens of a variant's best ``n`` nodes."""
         return -1.0 if n < 0 else float((self.masked if masks else self.free)[1][n])
 
-    def best_gain(self, width: int) -> float:
-        return max(self.gain(False, self.fit(False, width)), self.gain(True, self.fit(True, width)), 0.0)
+    def best_gains(self, widths: np.ndarray) -> np.ndarray:
+        """At every width of ``widths``: the expected draft tokens of the better variant within it
+        (``max(gain(v, fit(v, width)) for v in variants)``, at least 0), all widths at once."""
+        best = np.zeros(widths.shape[0])
+        for masks in (False, True):
+            if masks and self.masked is None:
+                continue
+            order, sums, k = (self.masked[0], self.masked[1], self.num_masks) if masks else (*self.free, 0)
+            # inputs of the variant's best m nodes (m = 0..len), rising with m: fit = the last m within a width
+            needed = np.array([self.inputs(m + 1, k) for m in range(order.shape[0] + 1)])
+            n = np.searchsorted(needed, widths, side="right") - 1
+            best = np.maximum(best, np.where(n >= 0, sums[np.maximum(n, 0)], 0.0))
+        return best
 
 
 class BatchWidthCosts:
@@ -482,12 +548,14 @@ def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: l
     rows, context = len(trees), max(contexts)
     choices = [p.row_choice(t, context) for p, t in zip(policies, trees)]
     bare = lead.batch_pass_cost(rows, context)
+    candidates = np.arange(1, max(1, lead.max_inputs // rows) + 1)
+    gains = sum(c.best_gains(candidates) * p.gain_factors(candidates) for p, c in zip(policies, choices))
     best_width, best_value = 1, -1.0
-    for width in range(1, max(1, lead.max_inputs // rows) + 1):
+    for width, gain in zip(candidates.tolist(), gains.tolist()):
         passes = lead.batch_pass_cost(rows * width, context)
         if widths is not None:
             passes = bare * widths.relative(rows, width, passes / bare)
-        value = (rows + sum(c.best_gain(width) for c in choices)) / (passes + lead.step_overhead)
+        value = (rows + gain) / (passes + lead.step_overhead)
         if value > best_value + 1e-12:
             best_width, best_value = width, value
     return [p.row_plan(c, best_width) for p, c in zip(policies, choices)]

@@ -58,6 +58,7 @@ def choose_node_count(
     inputs_per_node: int | Callable[[int], int],
     allowed: Callable[[int], bool] = lambda n: True,
     max_inputs: int | None = None,
+    gain_factor: Callable[[int], float] | None = None,
 ) -> tuple[int, float]:
     """How many of the ranked draft nodes to verify: ``n`` maximising expected tokens per second,
     ``(1 + gains[:n].sum()) / cost(inputs(n + 1))``, where ``inputs(size)`` is
@@ -66,20 +67,23 @@ def choose_node_count(
 
     ``gains[i]`` is the estimated acceptance probability of the i-th best node (expected tokens it
     adds); the 1 is the bonus token every pass yields.  Input counts for which ``allowed`` is False
-    (sizes the cost curve shows to be slow) and those over ``max_inputs`` are skipped.  Returns
+    (sizes the cost curve shows to be slow) and those over ``max_inputs`` are skipped.
+    ``gain_factor(inputs)``: scales the draft tokens expected of a pass of that many inputs (what
+    such passes were seen to yield against their estimates; None: 1).  Returns
     ``(n, value)``; ``(-1, 0.0)`` when no size is allowed.
     """
     gains = np.asarray(gains, dtype=np.float64)
-    expected = 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
+    drafted = np.concatenate([[0.0], np.cumsum(gains)])
     inputs_of = inputs_per_node if callable(inputs_per_node) else (lambda size: inputs_per_node * size)
     best_n, best_value = -1, 0.0
-    for n in range(expected.shape[0]):
+    for n in range(drafted.shape[0]):
         inputs = int(inputs_of(n + 1))
         if max_inputs is not None and inputs > max_inputs:
             break
         if not allowed(inputs):
             continue
-        value = expected[n] / cost(inputs)
+        expected = 1.0 + (drafted[n] if gain_factor is None or n == 0 else drafted[n] * gain_factor(inputs))
+        value = expected / cost(inputs)
         if value > best_value:
             best_n, best_value = n, value
     return best_n, best_value

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe_mtp.adaptive import AdaptiveBudget, DepthCalibration, FixedBudget, size_class
+from probe_mtp.adaptive import AdaptiveBudget, BudgetState, DepthCalibration, FixedBudget, YieldCalibration, size_class
 from probe_mtp.cost import CostCurve
 from probe_mtp.tree import TokenTree, best_order, choose_node_count, esp_layout, keep_nodes, pad_layout, path_monotone
 
@@ -61,6 +61,46 @@ def test_choose_node_count_maximises_tokens_per_second():
     n, _ = choose_node_count(np.full(10, 0.1), lambda n: 1.0, 2, allowed=lambda i: i != 22)
     assert n == 9 and choose_node_count(np.full(10, 0.1), lambda n: 1.0, 2, max_inputs=8)[0] == 3
     assert choose_node_count(np.full(3, 0.5), cost, 1, allowed=lambda i: False) == (-1, 0.0)
+
+
+def test_choose_node_count_scales_expected_draft_tokens_by_the_gain_factor():
+    gains, cost = np.full(6, 0.5), lambda n: 1.0 + 0.1 * n
+    assert choose_node_count(gains, cost, 1)[0] == 6  # 4 tokens for 1.7
+    # passes of more than 4 inputs were seen to yield a fifth of their estimates: stop at 3 nodes
+    n, value = choose_node_count(gains, cost, 1, gain_factor=lambda inputs: 0.2 if inputs > 4 else 1.0)
+    assert n == 3 and value == pytest.approx(2.5 / 1.4)
+    # the bare pass is never scaled
+    assert choose_node_count(gains, cost, 1, gain_factor=lambda inputs: 0.0) == (0, pytest.approx(1 / 1.1))
+
+
+def test_yield_calibration_follows_what_each_size_class_yielded():
+    yields = YieldCalibration()
+    assert np.all(yields.factors() == 1.0)
+    for _ in range(30):
+        yields.observe(5, expected=6.0, yielded=2)  # wide passes: a third of their estimates
+        yields.observe(3, expected=1.5, yielded=2)  # narrow passes: a little more than estimated
+    f = yields.factors()
+    assert f[5] == pytest.approx(1 / 3, abs=0.05) and 1.0 < f[3] <= YieldCalibration.MAX_FACTOR
+    assert f[0] == f[6] == 1.0  # classes never seen keep the prior
+    yields.observe(4, expected=1000.0, yielded=0)
+    assert yields.factors()[4] == YieldCalibration.MIN_FACTOR
+
+
+def test_the_budget_learns_that_wide_trees_yield_less_and_plans_narrower():
+    chain = TokenTree(np.arange(24), np.arange(-1, 23), 0.93 ** np.arange(24))
+    policy = AdaptiveBudget(CostCurve.from_mapping({1: 1.0, 8: 1.2, 32: 2.0, 64: 3.0}), num_masks=0, max_inputs=64)
+    assert policy.plan(chain).tree.size > 16
+    for _ in range(40):  # every pass accepts 2 draft tokens, where the wide ones expected ~10
+        plan = policy.plan(chain)
+        policy.observe(plan.tree, np.arange(3))
+    assert policy.state.yields.factors()[size_class(24)] < 0.5
+    assert policy.plan(chain).tree.size < 16
+    # a state saved without the yield counts (an older memory file) loads with them empty
+    arrays = policy.state.as_arrays()
+    restored = BudgetState.from_arrays(arrays)
+    assert np.array_equal(restored.yields.yielded, policy.state.yields.yielded)
+    older = {k: v for k, v in arrays.items() if k not in ("yielded", "expected")}
+    assert np.all(BudgetState.from_arrays(older).yields.factors() == 1.0)
 
 
 LONG_CURVE = CostCurve((1, 8, 32), (10.0, 12.0, 20.0), 128, "toy", 1024, (12.0, 24.0, 60.0))

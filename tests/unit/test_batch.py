@@ -212,6 +212,20 @@ def test_the_batch_budget_shrinks_trees_as_the_batch_grows():
     assert thirty_two == {1}  # no tree pays: plain batched steps
 
 
+def test_a_rows_best_gains_over_all_widths_match_its_fit_width_by_width():
+    curve = CostCurve.from_mapping({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 2.0, 32: 3.5, 64: 7.0})
+    tree = TokenTree.from_paths(1, [[2, 3, 4, 5], [6], [7, 8]])
+    tree = TokenTree(tree.tokens, tree.parents, np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.3, 0.2, 0.1]))
+    for k, free in ((0, None), (2, lambda t: t.depths <= 1)):
+        policy = AdaptiveBudget(curve, k, 64, mask_free=free)
+        choice = policy.row_choice(tree, 100)
+        widths = np.arange(1, 40)
+        expected = [max(choice.gain(False, choice.fit(False, w)), choice.gain(True, choice.fit(True, w)), 0.0)
+                    for w in widths]
+        assert choice.best_gains(widths) == pytest.approx(expected)
+        assert expected[-1] > expected[2] > 0  # the widths really differ
+
+
 def test_measured_width_costs_override_the_curve_in_the_batch_budget():
     curve = CostCurve.from_mapping({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 2.0, 32: 3.5, 64: 7.0})
     tree = TokenTree.from_paths(1, [[2, 3, 4, 5], [6], [7]])
