@@ -330,9 +330,8 @@ class AdaptiveBudget(BudgetPolicy):
 
     def _best(self, tree: TokenTree, est: np.ndarray, candidates: np.ndarray, k: int):
         order = candidates[np.lexsort((candidates, -est[candidates]))]
-        factors = self._gain_factors
         n, value = choose_node_count(est[order], self._cost, lambda size: self._inputs(size, k), max_inputs=self.max_inputs,
-                                     gain_factor=lambda inputs: factors[min(inputs, factors.shape[0] - 1)])
+                                     gain_factor=lambda inputs: float(self.gain_factors(inputs)))
         return order[: max(n, 0)], n, value
 
     def plan(self, tree: TokenTree, context_length: int | None = None) -> StepPlan:
