@@ -532,15 +532,33 @@ class BatchWidthCosts:
         return max([curve_ratio] + narrower)
 
 
+def laggard_weights(remaining_passes: np.ndarray, row_share: float) -> np.ndarray:
+    """What a drafted token of each row is worth to a batch, relative to a token of the row that
+    will finish last.  The batch runs until its last row stops, and a pass costs the weights' read
+    whatever its rows plus a little per input (``row_share``: one row's part of a pass's cost).
+    A token gained by the last row saves a whole pass; one gained by a row that finishes earlier
+    saves only its own share of the passes it is still in.  ``remaining_passes``: each row's
+    expected passes left (tokens left over its tokens per pass so far); which row finishes last is
+    uncertain, so rows within about a tenth of the horizon of the last share its weight."""
+    remaining = np.asarray(remaining_passes, dtype=np.float64)
+    if remaining.shape[0] <= 1:
+        return np.ones(remaining.shape[0])
+    last = float(remaining.max())
+    spread = 1.0 + 0.1 * last
+    share = min(max(float(row_share), 0.0), 1.0)
+    return share + (1.0 - share) * np.exp(-(last - remaining) / spread)
+
+
 def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: list[int],
-               widths: BatchWidthCosts | None = None) -> list[StepPlan]:
+               widths: BatchWidthCosts | None = None, weights: np.ndarray | None = None) -> list[StepPlan]:
     """The plans of one batched pass, a tree per row.  Rows share the pass, whose cost follows the
     total of its inputs: every row is padded to the widest row's input count W.  With the adaptive
     budget, W is chosen once for the batch, maximising ``(rows + expected draft tokens of every
     row's best tree within W inputs) / cost(rows x W)``; as the batch grows, W shrinks, down to bare
     one-token steps (W = 1) when no tree pays.  ``widths``: the batch's measured pass costs by
     width (:class:`BatchWidthCosts`), which override the curve's price of a width once seen.
-    Fixed budgets keep each row's whole tree."""
+    ``weights``: what a drafted token of each row is worth to the batch (:func:`laggard_weights`;
+    None: every row alike).  Fixed budgets keep each row's whole tree."""
     if not all(isinstance(p, AdaptiveBudget) for p in policies):
         return [p.plan(t, c) for p, t, c in zip(policies, trees, contexts)]
     lead = policies[0]
@@ -548,13 +566,15 @@ def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: l
     choices = [p.row_choice(t, context) for p, t in zip(policies, trees)]
     bare = lead.batch_pass_cost(rows, context)
     candidates = np.arange(1, max(1, lead.max_inputs // rows) + 1)
-    gains = sum(c.best_gains(candidates) * p.gain_factors(candidates) for p, c in zip(policies, choices))
+    weights = np.ones(rows) if weights is None else np.asarray(weights, dtype=np.float64)
+    gains = sum(w * c.best_gains(candidates) * p.gain_factors(candidates) for w, p, c in zip(weights, policies, choices))
+    progress = float(weights.sum())
     best_width, best_value = 1, -1.0
     for width, gain in zip(candidates.tolist(), gains.tolist()):
         passes = lead.batch_pass_cost(rows * width, context)
         if widths is not None:
             passes = bare * widths.relative(rows, width, passes / bare)
-        value = (rows + gain) / (passes + lead.step_overhead)
+        value = (progress + gain) / (passes + lead.step_overhead)
         if value > best_value + 1e-12:
             best_width, best_value = width, value
     return [p.row_plan(c, best_width) for p, c in zip(policies, choices)]

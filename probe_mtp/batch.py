@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from .adaptive import BatchWidthCosts, StepPlan, plan_batch
+from .adaptive import AdaptiveBudget, BatchWidthCosts, StepPlan, laggard_weights, plan_batch
 from .generation import Generation
 from .heap import heap_trimmer
 from .passes import PassInputs
@@ -146,7 +146,7 @@ def batch_step(batch: Batch) -> None:
             g.drafter.skip_proposal()
     else:
         trees = [propose(g) for g in rows]
-        plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows], batch.widths)
+        plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows], batch.widths, row_weights(rows))
         batch.drafted += 1
         bare = all(p.num_inputs == 1 for p in plans) and batch.drafted > BARE_WARMUP
         batch.skipped, batch.backoff = 0, (min(max(2 * batch.backoff, 1), MAX_SKIP) if bare else 0)
@@ -174,6 +174,21 @@ def batch_step(batch: Batch) -> None:
         g.stats.accepted_lengths.append(commit(g, verdict.tokens, verdict.scores))
         feed_back(g, plan.tree, verdict, nodes, mask_logits, tops)
     batch.drop_finished()
+
+
+def row_weights(rows: list[Generation]) -> np.ndarray:
+    """What a drafted token of each row is worth to the batch (:func:`~probe_mtp.adaptive.laggard_weights`):
+    each row's passes left (tokens left before its length limit over its tokens per pass so far),
+    and one row's share of a bare pass's cost on the lead row's curve."""
+    if len(rows) == 1:
+        return np.ones(1)
+    left = np.array([(g.request.max_length - g.length) * max(1, g.stats.forward_passes) / max(1, g.length - g.prompt_len)
+                     for g in rows], dtype=np.float64)
+    lead, context = rows[0].policy, max(g.cached for g in rows)
+    if not isinstance(lead, AdaptiveBudget):
+        return np.ones(len(rows))
+    bare, one = lead.batch_pass_cost(len(rows), context), lead.batch_pass_cost(1, context)
+    return laggard_weights(left, max(bare - one, 0.0) / (len(rows) - 1) / bare)
 
 
 def batch_node_tops(rows: list[Generation], plans: list[StepPlan], logits: list[torch.Tensor]) -> list[RowTops | None]:

@@ -12,7 +12,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llama
 
 import probe_mtp
 from probe_mtp import ProbeDecoder
-from probe_mtp.adaptive import AdaptiveBudget, BatchWidthCosts, plan_batch
+from probe_mtp.adaptive import AdaptiveBudget, BatchWidthCosts, laggard_weights, plan_batch
 from probe_mtp.cost import CostCurve
 from probe_mtp.tree import TokenTree
 
@@ -224,6 +224,33 @@ def test_a_rows_best_gains_over_all_widths_match_its_fit_width_by_width():
                     for w in widths]
         assert choice.best_gains(widths) == pytest.approx(expected)
         assert expected[-1] > expected[2] > 0  # the widths really differ
+
+
+def test_laggard_weights_value_the_row_that_finishes_last():
+    assert laggard_weights(np.array([7.0]), 0.1) == pytest.approx([1.0])
+    assert laggard_weights(np.array([30.0, 30.0, 30.0]), 0.1) == pytest.approx([1.0, 1.0, 1.0])
+    weights = laggard_weights(np.array([60.0, 59.0, 20.0, 0.0]), 0.05)
+    assert weights[0] == pytest.approx(1.0)
+    assert 0.8 < weights[1] < 1.0  # about as far behind: may well finish last
+    assert weights[2] < 0.1 and weights[3] == pytest.approx(0.05, abs=1e-3)  # far ahead: its share of the pass
+    assert np.all(laggard_weights(np.array([5.0, 50.0]), 2.0) == 1.0)  # a share is at most the whole pass
+
+
+def test_the_batch_widens_for_the_row_that_finishes_last_not_for_rows_far_ahead():
+    curve = CostCurve.from_mapping({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 2.0, 32: 3.5, 64: 7.0})
+    sure = TokenTree.from_paths(1, [[2, 3, 4, 5]])
+    sure = TokenTree(sure.tokens, sure.parents, np.array([1.0, 0.95, 0.9, 0.85, 0.8]))
+    bare = TokenTree.root_only(1)
+
+    def width(weights):
+        policies = [AdaptiveBudget(curve, 0, 64) for _ in range(4)]
+        plans = plan_batch(policies, [sure, bare, bare, bare], [100] * 4, None, weights)
+        return max(p.num_inputs for p in plans)
+
+    assert width(None) > 1  # every row alike: the first row's chain pays for the pass
+    assert width(np.array([1.0, 1.0, 1.0, 1.0])) == width(None)
+    assert width(laggard_weights(np.array([5.0, 40.0, 40.0, 40.0]), 0.05)) == 1  # it is far ahead: bare steps
+    assert width(laggard_weights(np.array([40.0, 5.0, 5.0, 5.0]), 0.05)) > 1  # it finishes last: widen for it
 
 
 def test_measured_width_costs_override_the_curve_in_the_batch_budget():
