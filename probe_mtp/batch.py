@@ -145,7 +145,8 @@ def batch_step(batch: Batch) -> None:
         for g in rows:
             g.drafter.skip_proposal()
     else:
-        trees = [propose(g) for g in rows]
+        cap = batch_node_cap(rows)
+        trees = [propose(g, cap) for g in rows]
         plans = plan_batch([g.policy for g in rows], trees, [g.cached for g in rows], batch.widths, row_weights(rows))
         batch.drafted += 1
         bare = all(p.num_inputs == 1 for p in plans) and batch.drafted > BARE_WARMUP
@@ -174,6 +175,16 @@ def batch_step(batch: Batch) -> None:
         g.stats.accepted_lengths.append(commit(g, verdict.tokens, verdict.scores))
         feed_back(g, plan.tree, verdict, nodes, mask_logits, tops)
     batch.drop_finished()
+
+
+def batch_node_cap(rows: list[Generation]) -> int | None:
+    """The most draft nodes a row's tree can use: a row's part of the widest pass the budget may
+    plan (``max_inputs`` over the rows) less its root; growing more is wasted work (None: no cap,
+    fixed budgets verify whole trees)."""
+    lead = rows[0].policy
+    if not isinstance(lead, AdaptiveBudget):
+        return None
+    return max(0, lead.max_inputs // len(rows) - 1)
 
 
 def row_weights(rows: list[Generation]) -> np.ndarray:

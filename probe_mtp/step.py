@@ -57,9 +57,11 @@ def decode_step(gen: Generation) -> None:
 
 
 # ---------------------------------------------------------------------------------- stages
-def propose(gen: Generation) -> TokenTree:
-    """The drafter's tree for the next pass (told first which scores cannot pay)."""
+def propose(gen: Generation, node_cap: int | None = None) -> TokenTree:
+    """The drafter's tree for the next pass (told first which scores cannot pay and, in a batch,
+    how many nodes can fit its row's part of the pass)."""
     gen.drafter.min_score = gen.policy.score_floor()
+    gen.drafter.node_cap = node_cap
     context = gen.context
     return gen.drafter.propose(int(context[-1]), context.cpu().numpy())
 

@@ -4,7 +4,8 @@ A drafter proposes the token tree the next pass verifies and learns from what ve
 The loop calls, per generation:
 
 - :meth:`Drafter.start` once with the prompt;
-- per step :meth:`Drafter.propose` (after setting :attr:`Drafter.min_score`; a batched step that
+- per step :meth:`Drafter.propose` (after setting :attr:`Drafter.min_score` and
+  :attr:`Drafter.node_cap`; a batched step that
   skips drafting calls :meth:`Drafter.skip_proposal` instead), then
   :meth:`Drafter.mask_owners` / :meth:`Drafter.mask_free_nodes` through the budget policy, and
   :meth:`Drafter.observe` with the pass's :class:`StepFeedback` (also after the prefill);
@@ -79,6 +80,9 @@ class Drafter(ABC):
         # set before each proposal by the budget policy: nodes scoring below it would be cut from
         # the tree anyway, so a drafter that grows its tree node by node may stop there
         self.min_score = 0.0
+        # set before each proposal of a batched step: at most this many draft nodes fit the row's
+        # part of the pass (None: no cap beyond the budget); a drafter may stop growing there
+        self.node_cap: int | None = None
 
     @classmethod
     def from_config(cls, config) -> "Drafter":
@@ -90,6 +94,11 @@ class Drafter(ABC):
     def max_nodes(self) -> int:
         """Draft nodes (root excluded) that fit the budget with this drafter's masks."""
         return self.budget // (self.num_masks + 1) - 1
+
+    @property
+    def node_limit(self) -> int:
+        """:attr:`max_nodes`, or fewer when a batched step caps the tree (:attr:`node_cap`)."""
+        return self.max_nodes if self.node_cap is None else max(0, min(self.max_nodes, self.node_cap))
 
     @property
     def node_top_k(self) -> int:

@@ -228,7 +228,7 @@ class HybridDrafter(Drafter):
                                                          None if matches is None else matches[node])
             return list(found), [max(succ[a], ngram[b], mask[c], corpus[d]) for a, b, c, d in found.values()]
 
-        tree, index = grow_best_first(int(root_token), expand, self.max_nodes, self.min_score)
+        tree, index = grow_best_first(int(root_token), expand, self.node_limit, self.min_score)
         self._proposals = proposals
         self._grown_index = index
         self._tree = tree

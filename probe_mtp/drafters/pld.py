@@ -77,7 +77,7 @@ class PromptLookupDrafter(Drafter):
         self.match = match
 
     def propose(self, root_token: int, context: np.ndarray) -> TokenTree:
-        draft = lookup_continuation(context, self.max_ngram, self.max_nodes, self.match)
+        draft = lookup_continuation(context, self.max_ngram, self.node_limit, self.match)
         if draft.size == 0:
             return TokenTree.root_only(root_token)
         return chain(root_token, draft)

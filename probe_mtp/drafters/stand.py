@@ -165,7 +165,7 @@ class StandDrafter(Drafter):
                     counter += 1
 
         push_children(0, prev, root, 1.0)
-        budget = self.max_nodes
+        budget = self.node_limit
         while heap and len(tokens) - 1 < budget:
             neg, _, parent, tok = heapq.heappop(heap)
             node = len(tokens)

@@ -336,3 +336,23 @@ def test_hybrid_masks_go_to_the_root_then_the_likeliest_deepest_accepted_nodes()
     assert HybridDrafter(30, 1, mask_nodes=3).mask_owners(tree).tolist() == [0, 1, 3]
     assert HybridDrafter(30, 1, mask_nodes=4).mask_owners(tree).tolist() == [0, 1, 2, 3]
     assert HybridDrafter(30, 1, mask_nodes=None).mask_owners(tree) is None
+
+
+def test_a_batched_step_caps_the_tree_to_its_best_nodes():
+    """``node_cap`` (set by a batched step: what fits a row's part of the pass) stops the growth at
+    the tree's best nodes, the same ones the uncapped tree starts with."""
+    d = HybridDrafter(budget=8, num_masks=0, max_ngram=3)
+    prompt = np.array([1, 2, 3, 4, 1, 2])
+    d.start(prompt)
+    d.observe(_feedback(TokenTree.root_only(2), [0], prompt, [3], _logits([{3: 0.7, 5: 0.2}]), prefill=True))
+    context = np.append(prompt, 3)
+    whole = d.propose(3, context)
+    d.node_cap = 3
+    assert d.node_limit == 3
+    capped = d.propose(3, context)
+    assert whole.size == 8 and capped.size == 4
+    assert np.array_equal(capped.tokens, whole.tokens[:4]) and np.array_equal(capped.parents, whole.parents[:4])
+    d.node_cap = 0
+    assert d.propose(3, context).size == 1  # the root alone
+    d.node_cap = 50
+    assert d.node_limit == d.max_nodes == 7
