@@ -554,9 +554,10 @@ def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: l
     """The plans of one batched pass, a tree per row.  Rows share the pass, whose cost follows the
     total of its inputs: every row is padded to the widest row's input count W.  With the adaptive
     budget, W is chosen once for the batch, maximising ``(rows + expected draft tokens of every
-    row's best tree within W inputs, each row weighted) / cost(rows x W)``; as the batch grows, W shrinks, down to bare
-    one-token steps (W = 1) when no tree pays.  ``widths``: the batch's measured pass costs by
-    width (:class:`BatchWidthCosts`), which override the curve's price of a width once seen.
+    row's best tree within W inputs, each row weighted) / cost(rows x W)``; as the batch grows, W
+    shrinks, down to bare one-token steps (W = 1) when no tree pays.  ``widths``: the batch's
+    measured pass costs by width (:class:`BatchWidthCosts`), which override the curve's price of a
+    width once seen.
     ``weights``: what a drafted token of each row is worth to the batch (:func:`laggard_weights`;
     None: every row alike).  Fixed budgets keep each row's whole tree."""
     if not all(isinstance(p, AdaptiveBudget) for p in policies):
