@@ -405,6 +405,11 @@ class AdaptiveBudget(BudgetPolicy):
         :class:`YieldCalibration`)."""
         return self._gain_factors[np.minimum(inputs, self._gain_factors.shape[0] - 1)]
 
+    def row_width_limit(self, rows: int) -> int:
+        """The most inputs one row of a batched pass of ``rows`` rows may take (``max_inputs`` over
+        the rows, at least 1)."""
+        return max(1, self.max_inputs // rows)
+
     def batch_pass_cost(self, inputs: int, context: int) -> float:
         """The curve's cost of a batched pass of ``inputs`` inputs in all (rows x width), in its
         units, without the step overhead."""
@@ -566,7 +571,7 @@ def plan_batch(policies: list[BudgetPolicy], trees: list[TokenTree], contexts: l
     rows, context = len(trees), max(contexts)
     choices = [p.row_choice(t, context) for p, t in zip(policies, trees)]
     bare = lead.batch_pass_cost(rows, context)
-    candidates = np.arange(1, max(1, lead.max_inputs // rows) + 1)
+    candidates = np.arange(1, lead.row_width_limit(rows) + 1)
     weights = np.ones(rows) if weights is None else np.asarray(weights, dtype=np.float64)
     gains = sum(w * c.best_gains(candidates) * p.gain_factors(candidates) for w, p, c in zip(weights, policies, choices))
     progress = float(weights.sum())

@@ -179,25 +179,24 @@ def batch_step(batch: Batch) -> None:
 
 def batch_node_cap(rows: list[Generation]) -> int | None:
     """The most draft nodes a row's tree can use: a row's part of the widest pass the budget may
-    plan (``max_inputs`` over the rows) less its root; growing more is wasted work (None: no cap,
-    fixed budgets verify whole trees)."""
+    plan less its root; growing more is wasted work (None: no cap, fixed budgets verify whole
+    trees)."""
     lead = rows[0].policy
     if not isinstance(lead, AdaptiveBudget):
         return None
-    return max(0, lead.max_inputs // len(rows) - 1)
+    return lead.row_width_limit(len(rows)) - 1
 
 
 def row_weights(rows: list[Generation]) -> np.ndarray:
     """What a drafted token of each row is worth to the batch (:func:`~probe_mtp.adaptive.laggard_weights`):
     each row's passes left (tokens left before its length limit over its tokens per pass so far),
     and one row's share of a bare pass's cost on the lead row's curve."""
-    if len(rows) == 1:
-        return np.ones(1)
+    lead = rows[0].policy
+    if len(rows) == 1 or not isinstance(lead, AdaptiveBudget):  # fixed budgets: plan_batch reads no weights
+        return np.ones(len(rows))
     left = np.array([(g.request.max_length - g.length) * max(1, g.stats.forward_passes) / max(1, g.length - g.prompt_len)
                      for g in rows], dtype=np.float64)
-    lead, context = rows[0].policy, max(g.cached for g in rows)
-    if not isinstance(lead, AdaptiveBudget):
-        return np.ones(len(rows))
+    context = max(g.cached for g in rows)
     bare, one = lead.batch_pass_cost(len(rows), context), lead.batch_pass_cost(1, context)
     return laggard_weights(left, max(bare - one, 0.0) / (len(rows) - 1) / bare)
 
