@@ -28,6 +28,7 @@ import torch
 from .adaptive import AdaptiveBudget, BatchWidthCosts, StepPlan, laggard_weights, plan_batch
 from .generation import Generation
 from .heap import heap_trimmer
+from .kv import new_cache
 from .passes import PassInputs
 from .ragged import RaggedCache
 from .stats import DecodeStats, GenerateOutput
@@ -69,21 +70,21 @@ class Batch:
     def device(self) -> torch.device:
         return self.rows[0].device
 
-    def attention(self, visible: torch.Tensor, positions: torch.Tensor):
-        """The pass's ``attention_mask``: one 4D tensor when the model's layers share one attention
-        type, else the per-layer-type mapping."""
-        masks = self.cache.masks(visible, positions, self.window)
+    def attention(self, visible: torch.Tensor, positions: torch.Tensor, cache: RaggedCache | None = None):
+        """The pass's ``attention_mask`` over ``cache`` (default: the batch's): one 4D tensor when
+        the model's layers share one attention type, else the per-layer-type mapping."""
+        masks = (cache or self.cache).masks(visible, positions, self.window)
         fmt = self.parts.fmt
         finished = {kind: fmt.finish(masks[kind]) for kind in self.layer_types}
         return finished[self.layer_types[0]] if len(self.layer_types) == 1 else finished
 
-    def forward(self, inputs: PassInputs, keep: list[int] | int) -> list[torch.Tensor]:
-        """One pass; per row the float32 logits of its first ``keep[r]`` inputs (an int: the last
-        ``keep`` inputs of every row)."""
+    def forward(self, inputs: PassInputs, keep: list[int] | int, cache: RaggedCache | None = None) -> list[torch.Tensor]:
+        """One pass over ``cache`` (default: the batch's); per row the float32 logits of its first
+        ``keep[r]`` inputs (an int: the last ``keep`` inputs of every row)."""
         output = self.parts.output
         head = output.head
         kwargs = dict(inputs_embeds=inputs.inputs_embeds, attention_mask=inputs.attention_mask,
-                      position_ids=inputs.position_ids, cache=self.cache.cache, use_cache=True)
+                      position_ids=inputs.position_ids, cache=(cache or self.cache).cache, use_cache=True)
         n = inputs.inputs_embeds.shape[1]
         spans = [(n - keep, n)] * inputs.inputs_embeds.shape[0] if isinstance(keep, int) else [(0, c) for c in keep]
         if head is None:
@@ -104,11 +105,47 @@ class Batch:
 
 
 def batch_prefill(batch: Batch) -> None:
-    """One pass over every row's left-padded prompt and the k masks of its last token."""
+    """The rows' prompts and the k masks of each last token, into the ragged cache: in one pass over
+    the left-padded prompts, or row by row when the padding would cost more than the extra passes
+    (:func:`prefill_apart`: prompts of very different lengths on a machine whose passes cost in
+    proportion to their inputs)."""
     rows = [batch.rows[i] for i in batch.active]
-    parts, device = batch.parts, batch.device
     k = rows[0].drafter.num_masks
     length = rows[0].prompt_len  # the padded prompt length, the same for every row
+    t0 = time.perf_counter()
+    if prefill_apart(rows, k):
+        logits = prefill_rows_apart(batch, rows, k, length)
+    else:
+        logits = prefill_padded(batch, rows, k, length)
+    batch.stats.forward_seconds += time.perf_counter() - t0
+    batch.cache.prefill([g.offset for g in rows], length + k, length)
+    for g, row_logits in zip(rows, logits):
+        g.stats.forward_passes += 1
+        root = TokenTree.root_only(int(g.context[-1]))
+        verdict = g.accept(root, row_logits[:1], g.sequence[0])
+        commit(g, verdict.tokens, verdict.scores)
+        feed_back(g, root, verdict, row_logits[:1], row_logits[1:] if k else None, is_prefill=True)
+    batch.drop_finished()
+
+
+def prefill_apart(rows: list[Generation], k: int) -> bool:
+    """Whether prefilling each row's own prompt in a pass of its own costs less, on the lead row's
+    cost curve, than one pass over every row padded to the longest prompt.  Padding is free on a
+    machine whose passes cost the same at any width (a GPU's short prompts) and a row's pass is
+    dear when it is narrow; on a CPU a pass costs in proportion to its inputs, and a batch mixing
+    a 40-token question with a 900-token document would spend most of its prefill on padding.
+    Fixed budgets keep the one padded pass."""
+    lead = rows[0].policy
+    if len(rows) == 1 or not isinstance(lead, AdaptiveBudget):
+        return False
+    length = rows[0].prompt_len
+    apart = sum(lead.curve.cost(length - g.offset + k) for g in rows)
+    return apart < lead.curve.cost(len(rows) * (length + k))
+
+
+def prefill_padded(batch: Batch, rows: list[Generation], k: int, length: int) -> list[torch.Tensor]:
+    """One pass over the left-padded prompts and masks; each row's logits of its last k + 1 inputs."""
+    parts, device = batch.parts, batch.device
     ids = torch.stack([g.buffer[0, :length] for g in rows])
     embeds = parts.embed(ids)
     if k:
@@ -122,18 +159,35 @@ def batch_prefill(batch: Batch) -> None:
         positions[r, pad:] = torch.tensor(layout.position_offsets, device=device)
         visible[r, pad:, pad:] = torch.tensor(layout.visible, device=device)
         visible[r, :pad, :pad] = torch.eye(pad, dtype=torch.bool, device=device)  # padding sees itself only
-    t0 = time.perf_counter()
-    logits = batch.forward(PassInputs(embeds, batch.attention(visible, positions), positions), keep=k + 1)
-    batch.stats.forward_seconds += time.perf_counter() - t0
-    batch.cache.prefill([g.offset for g in rows], total, length)
     batch.stats.forward_passes += 1
-    for g, row_logits in zip(rows, logits):
-        g.stats.forward_passes += 1
-        root = TokenTree.root_only(int(g.context[-1]))
-        verdict = g.accept(root, row_logits[:1], g.sequence[0])
-        commit(g, verdict.tokens, verdict.scores)
-        feed_back(g, root, verdict, row_logits[:1], row_logits[1:] if k else None, is_prefill=True)
-    batch.drop_finished()
+    return batch.forward(PassInputs(embeds, batch.attention(visible, positions), positions), keep=k + 1)
+
+
+def prefill_rows_apart(batch: Batch, rows: list[Generation], k: int, length: int) -> list[torch.Tensor]:
+    """A pass per row over its own prompt and masks, each into a cache of its own whose prompt
+    entries are then copied into the row's slots of the batch's cache (after its left padding, as
+    the padded pass would have written them); each row's logits of its last k + 1 inputs."""
+    parts, device = batch.parts, batch.device
+    logits = []
+    for r, g in enumerate(rows):
+        n = length - g.offset
+        embeds = parts.embed(g.buffer[:, g.offset : length])
+        if k:
+            embeds = torch.cat([embeds, g.masks.vectors[None].to(embeds.dtype)], dim=1)
+        layout = prefill_layout(n, k)
+        positions = torch.tensor(layout.position_offsets, device=device)[None]
+        visible = torch.tensor(layout.visible, device=device)[None]
+        alone = RaggedCache(new_cache(parts.model, capacity=n + k, every_layer=True), 1, n + k, device)
+        logits += batch.forward(PassInputs(embeds, batch.attention(visible, positions, alone), positions), keep=k + 1,
+                                cache=alone)
+        batch.stats.forward_passes += 1
+        for into, layer in zip(batch.cache.cache.layers, alone.cache.layers):
+            if not into.is_initialized:  # the batch's buffers, allocated for every row at the first copy
+                into.lazy_initialization(layer.keys.new_zeros((len(rows), *layer.keys.shape[1:2], 0, layer.keys.shape[3])),
+                                         layer.values.new_zeros((len(rows), *layer.values.shape[1:2], 0, layer.values.shape[3])))
+            into._key_buffer[r, :, g.offset : length] = layer.keys[0, :, :n]
+            into._value_buffer[r, :, g.offset : length] = layer.values[0, :, :n]
+    return logits
 
 
 def batch_step(batch: Batch) -> None:

@@ -80,6 +80,28 @@ def test_greedy_batch_is_row_for_row_generate(make, knobs):
     assert len(out.row_stats) == 4 and out.stats.new_tokens == 4 * 40
 
 
+LINEAR = {1: 1.0, 64: 64.0}  # a pass costs in proportion to its inputs (a CPU's long prompts)
+
+
+@pytest.mark.parametrize("make", [_llama, _gemma, lambda: _gemma("eager")], ids=["llama", "gemma3-sliding", "gemma3-eager"])
+@pytest.mark.parametrize("curve, apart", [(LINEAR, True), (FLAT, False)], ids=["rows-apart", "padded"])
+def test_prompts_of_very_different_lengths_are_prefilled_apart_where_padding_costs_more(make, curve, apart):
+    model = make()
+    ids, mask = _batch([3, 40, 6, 17], seed=5)  # prompts past the 8-token window, and one mostly padding
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    out = probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=24, return_dict_in_generate=True,
+                             cost_curve=curve, cost_cache=False)
+    assert torch.equal(out.sequences, ref)
+    prefill_passes = out.stats.forward_passes - len(out.stats.inputs_per_pass)
+    assert prefill_passes == (4 if apart else 1)
+    # equal lengths: padding costs nothing, so even the linear curve keeps the one padded pass
+    same, same_mask = _batch([9, 9, 9], seed=6)
+    out = probe_mtp.generate(model, same, attention_mask=same_mask, max_new_tokens=8, return_dict_in_generate=True,
+                             cost_curve=curve, cost_cache=False)
+    assert torch.equal(out.sequences, model.generate(same, attention_mask=same_mask, do_sample=False, max_new_tokens=8))
+    assert out.stats.forward_passes - len(out.stats.inputs_per_pass) == 1
+
+
 @pytest.mark.parametrize("make", [_llama, _gemma], ids=["llama", "gemma3-sliding"])
 def test_rows_that_end_at_different_steps(make):
     model = make()
