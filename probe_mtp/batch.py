@@ -11,7 +11,9 @@ see only themselves and are dropped).  Rows hold different numbers of tokens, so
 ragged (:mod:`probe_mtp.ragged`): per-row position ids and a per-row 4D attention mask over shared
 slots, sliding windows applied by the mask on positions.  The adaptive budget sizes the pass from
 the cost of all its inputs (:func:`probe_mtp.adaptive.plan_batch`), shrinking the trees as the batch
-grows.  A row that finishes (EOS, a stop string, its length limit) leaves the batch.
+grows.  A row that finishes (EOS, a stop string, its length limit) leaves the batch.  The prompts
+are prefilled in one pass over the left-padded batch, or one pass per row where the cost curve
+says the padding costs more (:func:`prefill_apart`).
 
 Each row is a :class:`~probe_mtp.generation.Generation` (its committed tokens with the row's left
 padding, its drafter, mask vectors, acceptance rule and statistics), so acceptance, stopping
@@ -183,8 +185,9 @@ def prefill_rows_apart(batch: Batch, rows: list[Generation], k: int, length: int
         batch.stats.forward_passes += 1
         for into, layer in zip(batch.cache.cache.layers, alone.cache.layers):
             if not into.is_initialized:  # the batch's buffers, allocated for every row at the first copy
-                into.lazy_initialization(layer.keys.new_zeros((len(rows), *layer.keys.shape[1:2], 0, layer.keys.shape[3])),
-                                         layer.values.new_zeros((len(rows), *layer.values.shape[1:2], 0, layer.values.shape[3])))
+                heads, _, dim = layer.keys.shape[1:]
+                into.lazy_initialization(layer.keys.new_zeros((len(rows), heads, 0, dim)),
+                                         layer.values.new_zeros((len(rows), heads, 0, layer.values.shape[3])))
             into._key_buffer[r, :, g.offset : length] = layer.keys[0, :, :n]
             into._value_buffer[r, :, g.offset : length] = layer.values[0, :, :n]
     return logits
