@@ -24,7 +24,9 @@ def test_smollm2_batch_is_row_for_row_generate(smollm2, specbench):
     assert torch.equal(out.sequences, ref)
     ended = [s.new_tokens for s in out.row_stats]
     assert min(ended) < 40 == max(ended), "the short answers should end early, with EOS"
-    assert out.stats.forward_passes == len(out.stats.inputs_per_pass) + 1  # one pass per step for the whole batch
+    # one pass per step for the whole batch, after a prefill in one padded pass or one pass per row
+    # (prompts of very different lengths, where this machine's cost curve says padding costs more)
+    assert out.stats.forward_passes - len(out.stats.inputs_per_pass) in (1, ids.shape[0])
     # and the same batch through transformers' own generate with the probe as custom_generate
     again = model.generate(ids, attention_mask=mask, max_new_tokens=40, custom_generate=probe_mtp.custom_generate,
                            probe_decoder=decoder)
