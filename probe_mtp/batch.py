@@ -183,13 +183,7 @@ def prefill_rows_apart(batch: Batch, rows: list[Generation], k: int, length: int
         logits += batch.forward(PassInputs(embeds, batch.attention(visible, positions, alone), positions), keep=k + 1,
                                 cache=alone)
         batch.stats.forward_passes += 1
-        for into, layer in zip(batch.cache.cache.layers, alone.cache.layers):
-            if not into.is_initialized:  # the batch's buffers, allocated for every row at the first copy
-                heads, _, dim = layer.keys.shape[1:]
-                into.lazy_initialization(layer.keys.new_zeros((len(rows), heads, 0, dim)),
-                                         layer.values.new_zeros((len(rows), heads, 0, layer.values.shape[3])))
-            into._key_buffer[r, :, g.offset : length] = layer.keys[0, :, :n]
-            into._value_buffer[r, :, g.offset : length] = layer.values[0, :, :n]
+        batch.cache.write_row(r, g.offset, alone.cache, n)
     return logits
 
 

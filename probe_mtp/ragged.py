@@ -77,6 +77,19 @@ class RaggedCache:
             self.positions[r, :kept] = torch.where(slots >= pad, slots - pad, -1)
         self.length = kept
 
+    def write_row(self, row: int, start: int, source, count: int) -> None:
+        """Copy the first ``count`` entries of every layer of ``source`` (a cache of the same model
+        holding one row, e.g. that row's own prefill) into row ``row``'s slots from ``start`` on.
+        The buffers are allocated for every row at the first write; :meth:`prefill` then sets the
+        slots' positions."""
+        for into, layer in zip(self.cache.layers, source.layers):
+            if not into.is_initialized:
+                heads, _, dim = layer.keys.shape[1:]
+                into.lazy_initialization(layer.keys.new_zeros((self.rows, heads, 0, dim)),
+                                         layer.values.new_zeros((self.rows, heads, 0, layer.values.shape[3])))
+            into._key_buffer[row, :, start : start + count] = layer.keys[0, :, :count]
+            into._value_buffer[row, :, start : start + count] = layer.values[0, :, :count]
+
     def keep(self, written: int, kept: list[np.ndarray], positions: list[np.ndarray]) -> None:
         """After a pass that appended ``written`` slots to every row: row r keeps its inputs
         ``kept[r]`` (indices into the pass, increasing), whose position ids are ``positions[r]``."""
