@@ -145,43 +145,43 @@ def prefill_apart(rows: list[Generation], k: int) -> bool:
     return apart < lead.curve.cost(len(rows) * (length + k))
 
 
+def row_prefill_inputs(batch: Batch, g: Generation, k: int, length: int, start: int):
+    """Row ``g``'s prefill inputs: the embeddings of its buffer from ``start`` to ``length`` then
+    its k masks, and the positions and visibility of its own prompt (from its offset) and masks."""
+    embeds = batch.parts.embed(g.buffer[:, start:length])
+    if k:
+        embeds = torch.cat([embeds, g.masks.vectors[None].to(embeds.dtype)], dim=1)
+    layout = prefill_layout(length - g.offset, k)
+    positions = torch.tensor(layout.position_offsets, device=batch.device)
+    visible = torch.tensor(layout.visible, device=batch.device)
+    return embeds, positions, visible
+
+
 def prefill_padded(batch: Batch, rows: list[Generation], k: int, length: int) -> list[torch.Tensor]:
     """One pass over the left-padded prompts and masks; each row's logits of its last k + 1 inputs."""
-    parts, device = batch.parts, batch.device
-    ids = torch.stack([g.buffer[0, :length] for g in rows])
-    embeds = parts.embed(ids)
-    if k:
-        embeds = torch.cat([embeds, torch.stack([g.masks.vectors for g in rows]).to(embeds.dtype)], dim=1)
     total = length + k
-    positions = torch.zeros((len(rows), total), dtype=torch.long, device=device)
-    visible = torch.zeros((len(rows), total, total), dtype=torch.bool, device=device)
+    embeds, positions = [], torch.zeros((len(rows), total), dtype=torch.long, device=batch.device)
+    visible = torch.zeros((len(rows), total, total), dtype=torch.bool, device=batch.device)
     for r, g in enumerate(rows):
-        n, pad = length - g.offset, g.offset
-        layout = prefill_layout(n, k)
-        positions[r, pad:] = torch.tensor(layout.position_offsets, device=device)
-        visible[r, pad:, pad:] = torch.tensor(layout.visible, device=device)
-        visible[r, :pad, :pad] = torch.eye(pad, dtype=torch.bool, device=device)  # padding sees itself only
+        row_embeds, row_positions, row_visible = row_prefill_inputs(batch, g, k, length, 0)
+        embeds.append(row_embeds)
+        positions[r, g.offset :], visible[r, g.offset :, g.offset :] = row_positions, row_visible
+        visible[r, : g.offset, : g.offset] = torch.eye(g.offset, dtype=torch.bool, device=batch.device)  # padding sees itself only
     batch.stats.forward_passes += 1
-    return batch.forward(PassInputs(embeds, batch.attention(visible, positions), positions), keep=k + 1)
+    return batch.forward(PassInputs(torch.cat(embeds), batch.attention(visible, positions), positions), keep=k + 1)
 
 
 def prefill_rows_apart(batch: Batch, rows: list[Generation], k: int, length: int) -> list[torch.Tensor]:
     """A pass per row over its own prompt and masks, each into a cache of its own whose prompt
     entries are then copied into the row's slots of the batch's cache (after its left padding, as
     the padded pass would have written them); each row's logits of its last k + 1 inputs."""
-    parts, device = batch.parts, batch.device
     logits = []
     for r, g in enumerate(rows):
         n = length - g.offset
-        embeds = parts.embed(g.buffer[:, g.offset : length])
-        if k:
-            embeds = torch.cat([embeds, g.masks.vectors[None].to(embeds.dtype)], dim=1)
-        layout = prefill_layout(n, k)
-        positions = torch.tensor(layout.position_offsets, device=device)[None]
-        visible = torch.tensor(layout.visible, device=device)[None]
-        alone = RaggedCache(new_cache(parts.model, capacity=n + k, every_layer=True), 1, n + k, device)
-        logits += batch.forward(PassInputs(embeds, batch.attention(visible, positions, alone), positions), keep=k + 1,
-                                cache=alone)
+        embeds, positions, visible = row_prefill_inputs(batch, g, k, length, g.offset)
+        alone = RaggedCache(new_cache(batch.parts.model, capacity=n + k, every_layer=True), 1, n + k, batch.device)
+        logits += batch.forward(PassInputs(embeds, batch.attention(visible[None], positions[None], alone), positions[None]),
+                                keep=k + 1, cache=alone)
         batch.stats.forward_passes += 1
         batch.cache.write_row(r, g.offset, alone.cache, n)
     return logits
