@@ -169,7 +169,8 @@ class YieldCalibration:
 @dataclass
 class BudgetState:
     """What the adaptive budget learns, kept across requests by the decoder's drafting memory:
-    acceptance per depth, the running scale of real passes against the curve, each size class's
+    acceptance per depth and per size class (discounted at each request's start,
+    :meth:`begin_request`), the running scale of real passes against the curve, each size class's
     factor, and the step overhead (in seconds and in the curve's units)."""
 
     calibration: DepthCalibration = field(default_factory=DepthCalibration)
@@ -178,6 +179,12 @@ class BudgetState:
     scale: float | None = None  # running mean of real forward time / curve time
     overhead_seconds: float = 0.0
     step_overhead: float = 0.0  # running mean, in the curve's units (added to every pass)
+
+    def begin_request(self, carry: float) -> None:
+        """A new request starts: the acceptance sums (per depth, per size class) keep ``carry`` of
+        their weight; the machine's timings (scale, overhead, size factors) are kept whole."""
+        for sums in (self.calibration.accepted, self.calibration.score_sum, self.yields.yielded, self.yields.expected):
+            sums *= carry
 
     def as_arrays(self) -> dict[str, np.ndarray]:
         return {

@@ -176,6 +176,8 @@ class ProbeDecoder:
         """Run one generation (one row).  Afterwards the prompt and its output join the drafting
         memory's corpus."""
         with self._lock, grouped_query_attention(self.model):
+            if self.memory is not None:
+                self.memory.begin_request()
             generation, strategy = self.start(request)
             out = run(generation, strategy)
             if self.memory is not None:
@@ -189,6 +191,8 @@ class ProbeDecoder:
         if requests[0].config.acceptance == "confadapt":
             raise ValueError("acceptance='confadapt' decodes one sequence at a time; use a batch of one row")
         with self._lock, grouped_query_attention(self.model):
+            if self.memory is not None:
+                self.memory.begin_request()
             memory = self.memory if self.memory is not None else DraftingMemory(self._cold_bytes())
             rows = [self.start(request, memory=memory, with_cache=False)[0] for request in requests]
             longest = max(g.buffer.shape[1] for g in rows)

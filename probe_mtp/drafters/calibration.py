@@ -73,6 +73,12 @@ class AcceptanceCalibrator:
                 trials[over] *= shrink
                 hits[over] *= shrink
 
+    def discount(self, carry: float) -> None:
+        """Keep ``carry`` (0 to 1) of the evidence's weight, the rates it measured unchanged."""
+        for s in self.priors:
+            self.hits[s] *= carry
+            self.trials[s] *= carry
+
     def as_arrays(self) -> dict[str, np.ndarray]:
         """``{source/hits, source/trials}`` (for saving)."""
         out = {}

@@ -141,6 +141,35 @@ def test_warm_and_cold_decoders_emit_the_same_tokens_and_warm_learns(tiny):
     assert warm.memory.summary()["corpus_tokens"] == 0
 
 
+def test_each_request_keeps_the_machine_timings_and_a_share_of_the_acceptance_counts(tiny):
+    decoder = ProbeDecoder(tiny, **KNOBS)
+    starts = []
+    begin = decoder.memory.begin_request
+    decoder.memory.begin_request = lambda: (starts.append(1), begin())
+    decoder.generate(torch.tensor([[1, 5, 7, 5, 7, 9, 11]]), max_new_tokens=24)
+    decoder.generate(torch.tensor([[1, 5, 7], [3, 4, 3]]), max_new_tokens=8)  # a batch is one request
+    assert len(starts) == 2
+    memory = decoder.memory
+    (state,), (calibrator,) = memory.budgets.values(), memory.calibrators.values()
+    timings = (state.scale, state.overhead_seconds, state.step_overhead, state.size_factors.copy())
+    sums = [a.copy() for a in (state.calibration.accepted, state.calibration.score_sum, state.yields.expected)]
+    trials = {s: t.copy() for s, t in calibrator.trials.items()}
+    hits = {s: h.copy() for s, h in calibrator.hits.items()}
+    assert state.scale is not None and any(t.sum() > 0 for t in trials.values()) and sums[1].sum() > 0
+    memory.acceptance_carry = 0.5
+    memory.begin_request()
+    assert (state.scale, state.overhead_seconds, state.step_overhead) == timings[:3]
+    assert np.array_equal(state.size_factors, timings[3])
+    for before, after in zip(sums, (state.calibration.accepted, state.calibration.score_sum, state.yields.expected)):
+        assert np.allclose(after, 0.5 * before)
+    for s in trials:  # the rates stay, their weight halves
+        assert np.allclose(calibrator.trials[s], 0.5 * trials[s]) and np.allclose(calibrator.hits[s], 0.5 * hits[s])
+    memory.acceptance_carry = 0.0
+    memory.begin_request()
+    assert not state.calibration.score_sum.any() and not any(t.any() for t in calibrator.trials.values())
+    assert len(memory.corpus.documents) == 3 and state.scale == timings[0]  # corpus and timings stay
+
+
 def test_the_drop_in_generate_keeps_one_decoder_per_model_and_lets_the_model_go():
     model = _tiny()
     ids = torch.tensor([[1, 5, 7, 5]])
