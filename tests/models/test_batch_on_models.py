@@ -47,3 +47,18 @@ def test_gemma3_batch_across_the_sliding_window(gemma3, specbench):
     ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=32)
     out = probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=32)
     assert torch.equal(out, ref)
+
+
+def test_smollm2_batch_stop_strings_per_row(smollm2, specbench):
+    """A stop string ends each row where it first appears in that row's text (model.generate's rule,
+    row by row); the rows it ends leave the batch, the others run on."""
+    model, tok = smollm2
+    texts = [p.turns[0] for p in balanced_subset(specbench, 1)][:3] + ["Count from one to twenty, in words."]
+    ids, mask = left_padded([chat_ids(tok, t) for t in texts], tok.pad_token_id)
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=48, stop_strings=[".", "\n\n"], tokenizer=tok)
+    ref = model.generate(ids, **kw)
+    out = probe_mtp.generate(model, return_dict_in_generate=True, input_ids=ids, **kw)
+    assert torch.equal(out.sequences, ref)
+    ended = [s.new_tokens for s in out.row_stats]
+    assert len(set(ended)) > 1, f"the rows should stop at different steps: {ended}"
+    assert min(ended) < 48
