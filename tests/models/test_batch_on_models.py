@@ -1,10 +1,12 @@
 """Batched greedy decoding on the embedded models: row for row what model.generate returns for the
 same left-padded batch, with prompts of very different lengths, rows that end at different steps,
-and (Gemma 3) rows past its 512-token sliding window."""
+(Gemma 3) rows past its 512-token sliding window, and stop strings, logits processors and stopping
+criteria applied row by row."""
 
 from __future__ import annotations
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 import probe_mtp
 from probe_mtp import ProbeDecoder
@@ -62,3 +64,29 @@ def test_smollm2_batch_stop_strings_per_row(smollm2, specbench):
     ended = [s.new_tokens for s in out.row_stats]
     assert len(set(ended)) > 1, f"the rows should stop at different steps: {ended}"
     assert min(ended) < 48
+
+
+def test_smollm2_batch_processors_and_criteria_per_row(smollm2, specbench):
+    """Logits processors that read each row's own tokens and a stopping criterion that ends rows
+    one by one: sequences and every running row's scores as model.generate gives them."""
+    model, tok = smollm2
+    comma = tok.convert_tokens_to_ids(",")
+
+    class EndsWithComma(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == comma
+
+    texts = [p.turns[0] for p in balanced_subset(specbench, 1)][1:4] + ["List five fruits."]
+    ids, mask = left_padded([chat_ids(tok, t) for t in texts], tok.pad_token_id)
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=40, repetition_penalty=1.2, no_repeat_ngram_size=3,
+              output_scores=True, return_dict_in_generate=True)
+    ref = model.generate(ids, stopping_criteria=StoppingCriteriaList([EndsWithComma()]), **kw)
+    out = probe_mtp.generate(model, ids, stopping_criteria=StoppingCriteriaList([EndsWithComma()]), **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    ended = [s.new_tokens for s in out.row_stats]
+    assert len(set(ended)) > 1, f"the rows should stop at different steps: {ended}"
+    assert len(out.scores) == len(ref.scores)
+    for step, (a, b) in enumerate(zip(out.scores, ref.scores)):
+        for r, n in enumerate(ended):
+            if step < n:
+                torch.testing.assert_close(a[r], b[r], rtol=1e-4, atol=1e-4)
