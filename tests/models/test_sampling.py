@@ -168,3 +168,24 @@ def test_real_model_first_token_distribution(smollm2):
 
     b = _first_tokens(plain, 60, 2)
     assert _two_sample_p(a, b) > ALPHA
+
+
+def test_real_model_batch_rows_sample_as_plain_batched_sampling(smollm2):
+    """A left-padded batch of two prompts sampled in one call: each row's first two tokens agree
+    with the same row under plain batched sampling (sixty seeded draws each, as above)."""
+    from probe_mtp.report.batches import left_padded
+
+    model, tok = smollm2
+    ids, mask = left_padded([chat_ids(tok, "Name a color."), chat_ids(tok, "Name an animal that lives in the sea.")],
+                            tok.pad_token_id)
+    decoder = ProbeDecoder(model, tok)
+    kw = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_p=0.9, max_new_tokens=2)
+    a = [decoder.generate(ids, generator=torch.Generator().manual_seed(s), **kw)[:, -2:] for s in range(60)]
+
+    def plain(seed):
+        torch.manual_seed(60_000 + seed)
+        return model.generate(ids, **kw)[:, -2:]
+
+    b = [plain(s) for s in range(60)]
+    for r in range(2):
+        assert _two_sample_p([tuple(x[r].tolist()) for x in a], [tuple(x[r].tolist()) for x in b]) > ALPHA
