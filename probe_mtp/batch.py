@@ -43,6 +43,33 @@ BARE_WARMUP = 8  # drafting steps before a bare one may skip drafting
 MAX_SKIP = 8  # steps skipped at most between two drafting steps
 
 
+class KeptLogits:
+    """The logits a batched pass kept, in one float32 ``[M, V]`` tensor: every row's node inputs
+    first, row after row (``node_block``: one block, reduced over the vocabulary at once), then
+    every row's other kept inputs (its mask slots).  ``nodes(r)`` / ``extra(r)`` are views."""
+
+    def __init__(self, flat: torch.Tensor, node_counts: list[int], extra_counts: list[int]):
+        self.flat = flat
+        self.node_ends = np.cumsum([0] + list(node_counts))
+        self.extra_ends = self.node_ends[-1] + np.cumsum([0] + list(extra_counts))
+
+    @classmethod
+    def of(cls, rows: list[torch.Tensor], node_counts: list[int]) -> KeptLogits:
+        """From each row's kept logits ``[keep_r, V]`` (its nodes first), copied into one block."""
+        parts = [x[:c] for x, c in zip(rows, node_counts)] + [x[c:] for x, c in zip(rows, node_counts)]
+        return cls(torch.cat(parts).float(), node_counts, [x.shape[0] - c for x, c in zip(rows, node_counts)])
+
+    @property
+    def node_block(self) -> torch.Tensor:
+        return self.flat[: self.node_ends[-1]]
+
+    def nodes(self, row: int) -> torch.Tensor:
+        return self.flat[self.node_ends[row] : self.node_ends[row + 1]]
+
+    def extra(self, row: int) -> torch.Tensor:
+        return self.flat[self.extra_ends[row] : self.extra_ends[row + 1]]
+
+
 class Batch:
     """The rows of one batched generation and what they share: the model's parts, the ragged KV
     cache, the mask format (``layer_types``: the model's attention types; ``window``: its sliding
@@ -80,23 +107,29 @@ class Batch:
         finished = {kind: fmt.finish(masks[kind]) for kind in self.layer_types}
         return finished[self.layer_types[0]] if len(self.layer_types) == 1 else finished
 
-    def forward(self, inputs: PassInputs, keep: list[int] | int, cache: RaggedCache | None = None) -> list[torch.Tensor]:
-        """One pass over ``cache`` (default: the batch's); per row the float32 logits of its first
-        ``keep[r]`` inputs (an int: the last ``keep`` inputs of every row)."""
+    def forward(self, inputs: PassInputs, keep: list[int] | int, nodes: list[int] | int = 1,
+                cache: RaggedCache | None = None) -> KeptLogits:
+        """One pass over ``cache`` (default: the batch's); the float32 logits of each row's first
+        ``keep[r]`` inputs (an int: the last ``keep`` inputs of every row), of which the first
+        ``nodes[r]`` are tree nodes (see :class:`KeptLogits`)."""
         output = self.parts.output
         head = output.head
         kwargs = dict(inputs_embeds=inputs.inputs_embeds, attention_mask=inputs.attention_mask,
                       position_ids=inputs.position_ids, cache=(cache or self.cache).cache, use_cache=True)
-        n = inputs.inputs_embeds.shape[1]
-        spans = [(n - keep, n)] * inputs.inputs_embeds.shape[0] if isinstance(keep, int) else [(0, c) for c in keep]
+        rows, n = inputs.inputs_embeds.shape[:2]
+        spans = [(n - keep, n)] * rows if isinstance(keep, int) else [(0, c) for c in keep]
+        counts = [nodes] * rows if isinstance(nodes, int) else list(nodes)
         if head is None:
             logits = self.parts.model(**kwargs).logits
-            return [logits[r, a:b].float() for r, (a, b) in enumerate(spans)]
+            return KeptLogits.of([logits[r, a:b] for r, (a, b) in enumerate(spans)], counts)
         hidden = head.batch_hidden_states(**kwargs)
-        # all rows' wanted positions through the output layer at once, padded to the row count
-        # that costs least (as for one row: BLAS can take twice as long over 8 rows as over 16)
-        flat = output.logits(torch.cat([hidden[r, a:b] for r, (a, b) in enumerate(spans)]))
-        return list(flat.split([b - a for a, b in spans]))
+        # all rows' wanted positions through the output layer at once (nodes first, so that they
+        # are one block for the vocabulary reductions), padded to the row count that costs least
+        # (as for one row: BLAS can take twice as long over 8 rows as over 16)
+        parts = [hidden[r, a : a + c] for r, ((a, _), c) in enumerate(zip(spans, counts))]
+        parts += [hidden[r, a + c : b] for r, ((a, b), c) in enumerate(zip(spans, counts))]
+        flat = output.logits(torch.cat(parts))
+        return KeptLogits(flat, counts, [b - a - c for (a, b), c in zip(spans, counts)])
 
     def drop_finished(self) -> None:
         still = [j for j, i in enumerate(self.active) if not self.rows[i].done]
@@ -121,12 +154,12 @@ def batch_prefill(batch: Batch) -> None:
         logits = prefill_padded(batch, rows, k, length)
     batch.stats.forward_seconds += time.perf_counter() - t0
     batch.cache.prefill([g.offset for g in rows], length + k, length)
-    for g, row_logits in zip(rows, logits):
+    for g, (root_logits, mask_logits) in zip(rows, logits):
         g.stats.forward_passes += 1
         root = TokenTree.root_only(int(g.context[-1]))
-        verdict = g.accept(root, row_logits[:1], g.sequence[0])
+        verdict = g.accept(root, root_logits, g.sequence[0])
         commit(g, verdict.tokens, verdict.scores)
-        feed_back(g, root, verdict, row_logits[:1], row_logits[1:] if k else None, is_prefill=True)
+        feed_back(g, root, verdict, root_logits, mask_logits if k else None, is_prefill=True)
     batch.drop_finished()
 
 
@@ -157,8 +190,9 @@ def row_prefill_inputs(batch: Batch, g: Generation, k: int, length: int, start: 
     return embeds, positions, visible
 
 
-def prefill_padded(batch: Batch, rows: list[Generation], k: int, length: int) -> list[torch.Tensor]:
-    """One pass over the left-padded prompts and masks; each row's logits of its last k + 1 inputs."""
+def prefill_padded(batch: Batch, rows: list[Generation], k: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One pass over the left-padded prompts and masks; each row's logits of its last input
+    ``[1, V]`` and of its k masks ``[k, V]``."""
     total = length + k
     embeds, positions = [], torch.zeros((len(rows), total), dtype=torch.long, device=batch.device)
     visible = torch.zeros((len(rows), total, total), dtype=torch.bool, device=batch.device)
@@ -168,20 +202,22 @@ def prefill_padded(batch: Batch, rows: list[Generation], k: int, length: int) ->
         positions[r, g.offset :], visible[r, g.offset :, g.offset :] = row_positions, row_visible
         visible[r, : g.offset, : g.offset] = torch.eye(g.offset, dtype=torch.bool, device=batch.device)  # padding sees itself only
     batch.stats.forward_passes += 1
-    return batch.forward(PassInputs(torch.cat(embeds), batch.attention(visible, positions), positions), keep=k + 1)
+    logits = batch.forward(PassInputs(torch.cat(embeds), batch.attention(visible, positions), positions), keep=k + 1)
+    return [(logits.nodes(r), logits.extra(r)) for r in range(len(rows))]
 
 
-def prefill_rows_apart(batch: Batch, rows: list[Generation], k: int, length: int) -> list[torch.Tensor]:
+def prefill_rows_apart(batch: Batch, rows: list[Generation], k: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A pass per row over its own prompt and masks, each into a cache of its own whose prompt
     entries are then copied into the row's slots of the batch's cache (after its left padding, as
-    the padded pass would have written them); each row's logits of its last k + 1 inputs."""
+    the padded pass would have written them); as :func:`prefill_padded`, each row's logits."""
     logits = []
     for r, g in enumerate(rows):
         n = length - g.offset
         embeds, positions, visible = row_prefill_inputs(batch, g, k, length, g.offset)
         alone = RaggedCache(new_cache(batch.parts.model, capacity=n + k, every_layer=True), 1, n + k, batch.device)
-        logits += batch.forward(PassInputs(embeds, batch.attention(visible[None], positions[None], alone), positions[None]),
-                                keep=k + 1, cache=alone)
+        kept = batch.forward(PassInputs(embeds, batch.attention(visible[None], positions[None], alone), positions[None]),
+                             keep=k + 1, cache=alone)
+        logits.append((kept.nodes(0), kept.extra(0)))
         batch.stats.forward_passes += 1
         batch.cache.write_row(r, g.offset, alone.cache, n)
     return logits
@@ -204,7 +240,7 @@ def batch_step(batch: Batch) -> None:
         batch.skipped, batch.backoff = 0, (min(max(2 * batch.backoff, 1), MAX_SKIP) if bare else 0)
     layouts, inputs = lay_out_batch(batch, rows, plans)
     t0 = time.perf_counter()
-    logits = batch.forward(inputs, keep=[layout.num_inputs for layout in layouts])
+    logits = batch.forward(inputs, keep=[layout.num_inputs for layout in layouts], nodes=[p.tree.size for p in plans])
     seconds = time.perf_counter() - t0
     batch.stats.forward_seconds += seconds
     if batch.widths is not None:
@@ -212,17 +248,17 @@ def batch_step(batch: Batch) -> None:
     batch.stats.forward_passes += 1
     batch.stats.inputs_per_pass.append(int(inputs.inputs_embeds.shape[0] * inputs.inputs_embeds.shape[1]))
     accepted = []
-    for g, plan, row_logits, tops in zip(rows, plans, logits, batch_node_tops(rows, plans, logits)):
-        nodes = row_logits[: plan.tree.size]
+    for r, (g, plan, tops) in enumerate(zip(rows, plans, batch_node_tops(rows, logits))):
+        nodes = logits.nodes(r)
         verdict = g.accept(plan.tree, nodes, g.sequence[0], tops)
         g.policy.observe(plan.tree, verdict.path)
         accepted.append((verdict, nodes, tops, g.cached + plan.tree.depths[verdict.path]))
     batch.cache.keep(inputs.inputs_embeds.shape[1], [a[0].path for a in accepted], [a[3] for a in accepted])
-    for g, plan, layout, row_logits, (verdict, nodes, tops, _) in zip(rows, plans, layouts, logits, accepted):
+    for r, (g, plan, layout, (verdict, nodes, tops, _)) in enumerate(zip(rows, plans, layouts, accepted)):
         g.stats.forward_passes += 1
         g.stats.inputs_per_pass.append(layout.num_inputs)
         slots = layout.mask_slots(verdict.last) if plan.num_masks else np.zeros(0, dtype=np.int64)
-        mask_logits = row_logits[torch.from_numpy(slots)] if slots.size else None
+        mask_logits = logits.extra(r)[torch.from_numpy(slots - plan.tree.size)] if slots.size else None
         g.stats.accepted_lengths.append(commit(g, verdict.tokens, verdict.scores))
         feed_back(g, plan.tree, verdict, nodes, mask_logits, tops)
     batch.drop_finished()
@@ -252,15 +288,13 @@ def row_weights(rows: list[Generation]) -> np.ndarray:
     return laggard_weights(left, max(bare - one, 0.0) / (len(rows) - 1) / bare)
 
 
-def batch_node_tops(rows: list[Generation], plans: list[StepPlan], logits: list[torch.Tensor]) -> list[RowTops | None]:
+def batch_node_tops(rows: list[Generation], logits: KeptLogits) -> list[RowTops | None]:
     """Every row's :func:`~probe_mtp.step.node_tops`, from one reduction over all rows' nodes."""
     width = tops_width(rows[0].drafter)
     if not width:
         return [None] * len(rows)
-    sizes = [p.tree.size for p in plans]
-    nodes = logits[0][: sizes[0]] if len(rows) == 1 else torch.cat([x[:n] for x, n in zip(logits, sizes)])
-    tops = RowTops.of(nodes, width)
-    ends = np.cumsum([0] + sizes)
+    tops = RowTops.of(logits.node_block, width)
+    ends = logits.node_ends
     return [RowTops(tops.tokens[a:b], tops.probs[a:b]) for a, b in zip(ends[:-1], ends[1:])]
 
 

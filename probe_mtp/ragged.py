@@ -96,21 +96,22 @@ class RaggedCache:
         start = self.length
         longest = max(k.size for k in kept)
         index = np.empty((self.rows, longest), dtype=np.int64)
-        for r, k in enumerate(kept):
-            index[r, : k.size] = start + k
-            index[r, k.size :] = start + k[-1]  # repeated, then hidden: a hole
-        index_t = torch.from_numpy(index).to(self.positions.device)
-        is_prefix = all(np.array_equal(k, np.arange(k.size)) for k in kept)
-        for layer in self.cache.layers:
-            if not is_prefix:
+        new_positions = np.full((self.rows, longest), -1, dtype=np.int64)  # -1: a hole
+        is_prefix = True
+        for r, (k, pos) in enumerate(zip(kept, positions)):
+            index[r, : k.size] = k
+            index[r, k.size :] = k[-1]  # repeated, then hidden
+            new_positions[r, : k.size] = pos
+            is_prefix = is_prefix and int(k[-1]) == k.size - 1  # increasing from 0: the first k.size inputs
+        if not is_prefix:
+            index_t = torch.from_numpy(index + start).to(self.positions.device)
+            for layer in self.cache.layers:
                 for buffer in (layer._key_buffer, layer._value_buffer):
                     picked = buffer.gather(2, index_t[:, None, :, None].expand(-1, buffer.shape[1], -1, buffer.shape[3]))
                     buffer[:, :, start : start + longest] = picked
         self._cut(start + longest)
         self._room(start + longest)
-        self.positions[:, start : start + longest] = -1
-        for r, (k, pos) in enumerate(zip(kept, positions)):
-            self.positions[r, start : start + k.size] = torch.as_tensor(pos, device=self.positions.device)
+        self.positions[:, start : start + longest] = torch.from_numpy(new_positions).to(self.positions.device)
         self.length = start + longest
         if self.length > (1 + HOLE_SHARE) * int(self.tokens().max()) + HOLE_SLACK:
             self.compact()

@@ -324,3 +324,45 @@ def test_compacting_the_ragged_cache_every_step_changes_nothing(make, monkeypatc
     # reject nodes (and leave holes to compact) would depend on the machine
     out = probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=40, drafter="hybrid", budget=30)
     assert torch.equal(out, ref) and len(compactions) > 5
+
+
+def test_kept_logits_hold_every_rows_nodes_in_one_block_then_its_other_inputs():
+    from probe_mtp.batch import KeptLogits
+
+    # row r's kept input i has the logits row [r, i]; row 0 keeps 3 inputs (2 nodes), row 1 keeps 4 (1 node)
+    rows = [torch.tensor([[0.0, i] for i in range(3)]), torch.tensor([[1.0, i] for i in range(4)])]
+    kept = KeptLogits.of(rows, [2, 1])
+    assert kept.node_block.tolist() == [[0, 0], [0, 1], [1, 0]]
+    assert kept.nodes(0).tolist() == [[0, 0], [0, 1]] and kept.nodes(1).tolist() == [[1, 0]]
+    assert kept.extra(0).tolist() == [[0, 2]] and kept.extra(1).tolist() == [[1, 1], [1, 2], [1, 3]]
+    assert kept.node_block.data_ptr() == kept.flat.data_ptr()  # a view: reduced without a copy
+
+
+def test_the_ragged_cache_keeps_each_rows_path_with_its_positions():
+    from probe_mtp.kv import ReservedLayer
+    from probe_mtp.ragged import RaggedCache
+
+    class Cache:
+        layers = [ReservedLayer(16)]
+
+    layer = Cache.layers[0]
+    # two rows, one head, one dim: entry value = 100 * row + slot
+    def entries(first, count):
+        return (100 * torch.arange(2.0)[:, None] + torch.arange(first, first + count)[None, :])[:, None, :, None]
+
+    layer.update(entries(0, 3), entries(0, 3))  # the prompts: row 0 holds 3 tokens, row 1 two (one pad)
+    ragged = RaggedCache(Cache(), 2, 16, torch.device("cpu"))
+    ragged.prefill([0, 1], 3, 3)
+    assert ragged.positions[:, :3].tolist() == [[0, 1, 2], [-1, 0, 1]]
+    layer.update(entries(3, 4), entries(3, 4))  # a pass of 4 inputs per row
+    ragged.keep(4, [np.array([0, 2]), np.array([0, 1, 3])], [np.array([3, 4]), np.array([2, 3, 4])])
+    assert ragged.length == 6 and layer.keys.shape[2] == 6
+    assert layer.keys[:, 0, 3:, 0].tolist() == [[3, 5, 5], [103, 104, 106]]
+    assert torch.equal(layer.values, layer.keys)
+    assert ragged.positions[:, :6].tolist() == [[0, 1, 2, 3, 4, -1], [-1, 0, 1, 2, 3, 4]]
+    assert ragged.tokens().tolist() == [5, 5]
+    # a pass whose kept inputs are every row's first ones moves nothing, only writes positions
+    layer.update(entries(6, 2), entries(6, 2))
+    ragged.keep(2, [np.array([0]), np.array([0, 1])], [np.array([5]), np.array([5, 6])])
+    assert layer.keys[:, 0, 6:, 0].tolist() == [[6, 7], [106, 107]]
+    assert ragged.positions[:, 6:8].tolist() == [[5, -1], [5, 6]]
