@@ -366,3 +366,26 @@ def test_the_ragged_cache_keeps_each_rows_path_with_its_positions():
     ragged.keep(2, [np.array([0]), np.array([0, 1])], [np.array([5]), np.array([5, 6])])
     assert layer.keys[:, 0, 6:, 0].tolist() == [[6, 7], [106, 107]]
     assert ragged.positions[:, 6:8].tolist() == [[5, -1], [5, 6]]
+
+
+@pytest.mark.parametrize("make", [_llama, _gemma], ids=["llama", "gemma3-sliding"])
+def test_a_batch_through_the_models_own_output_layer_is_row_for_row_generate(make):
+    # a model whose logits the split output layer cannot reproduce runs its own forward: every kept
+    # input's logits come from the model, and the batch still reads each row's nodes and masks right
+    from probe_mtp.head import SplitHead
+
+    model = make()
+    decoder = ProbeDecoder(model, **ESP)
+    decoder._split_head = SplitHead(model)
+    decoder._split_head.usable = False
+    ids, mask = _batch([5, 12, 3, 20])
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    calls = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=30, return_dict_in_generate=True)
+    finally:
+        hook.remove()
+    assert len(calls) == out.stats.forward_passes  # every pass through the model's own forward
+    assert torch.equal(out.sequences, ref)
+    assert sum(s.accepted_lengths.count(1) < len(s.accepted_lengths) for s in out.row_stats) >= 1  # drafts accepted
