@@ -54,10 +54,13 @@ class KeptLogits:
         self.extra_ends = self.node_ends[-1] + np.cumsum([0] + list(extra_counts))
 
     @classmethod
-    def of(cls, rows: list[torch.Tensor], node_counts: list[int]) -> KeptLogits:
-        """From each row's kept logits ``[keep_r, V]`` (its nodes first), copied into one block."""
-        parts = [x[:c] for x, c in zip(rows, node_counts)] + [x[c:] for x, c in zip(rows, node_counts)]
-        return cls(torch.cat(parts).float(), node_counts, [x.shape[0] - c for x, c in zip(rows, node_counts)])
+    def of(cls, rows: list[torch.Tensor], node_counts: list[int], output_layer=None) -> KeptLogits:
+        """From each row's kept inputs (its nodes first), reordered into one block: their logits
+        ``[keep_r, V]``, or their final hidden states ``[keep_r, H]`` with the ``output_layer`` that
+        turns the block into float32 logits in one call."""
+        block = torch.cat([x[:c] for x, c in zip(rows, node_counts)] + [x[c:] for x, c in zip(rows, node_counts)])
+        flat = block.float() if output_layer is None else output_layer(block)
+        return cls(flat, node_counts, [x.shape[0] - c for x, c in zip(rows, node_counts)])
 
     @property
     def node_block(self) -> torch.Tensor:
@@ -126,10 +129,7 @@ class Batch:
         # all rows' wanted positions through the output layer at once (nodes first, so that they
         # are one block for the vocabulary reductions), padded to the row count that costs least
         # (as for one row: BLAS can take twice as long over 8 rows as over 16)
-        parts = [hidden[r, a : a + c] for r, ((a, _), c) in enumerate(zip(spans, counts))]
-        parts += [hidden[r, a + c : b] for r, ((a, b), c) in enumerate(zip(spans, counts))]
-        flat = output.logits(torch.cat(parts))
-        return KeptLogits(flat, counts, [b - a - c for (a, b), c in zip(spans, counts)])
+        return KeptLogits.of([hidden[r, a:b] for r, (a, b) in enumerate(spans)], counts, output.logits)
 
     def drop_finished(self) -> None:
         still = [j for j, i in enumerate(self.active) if not self.rows[i].done]
