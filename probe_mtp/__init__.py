@@ -5,6 +5,7 @@ from .decoder import ProbeDecoder
 from .stats import DecodeStats, GenerateOutput
 from .generate import custom_generate, decoder_for, generate
 from .loading import EMBEDDED_MODELS, load_model
+from .optimize import OptimizeError, describe, is_optimized, optimize
 from .version import __version__
 
 __all__ = [
@@ -17,5 +18,9 @@ __all__ = [
     "decoder_for",
     "load_model",
     "EMBEDDED_MODELS",
+    "optimize",
+    "is_optimized",
+    "describe",
+    "OptimizeError",
     "__version__",
 ]

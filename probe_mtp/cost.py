@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from .attention import GROUPED_SDPA, grouped_query_attention, uses_grouped_attention
+from .kernels import processor_name
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 HEAD_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -308,10 +308,12 @@ def _fastest_of_rounds(sizes: tuple[int, ...], run, rounds: int) -> dict[int, np
 def measure_head(head, rows: tuple[int, ...] = HEAD_ROWS, rounds: int = 3) -> tuple[float, ...]:
     """Seconds of the output layer alone (with its soft-capping) on each of ``rows`` rows of hidden
     states: warmed up, then the fastest of ``rounds`` rounds in alternating order."""
-    weight = head.head.weight
+    layer = head.head
+    width = getattr(layer, "in_features", None) or layer.weight.shape[-1]
+    like = head.model.get_input_embeddings().weight  # the model's dtype and device (a packed layer has no plain weight)
     gen = torch.Generator().manual_seed(1)
-    hidden = torch.randn(max(rows), weight.shape[-1], generator=gen).to(device=weight.device, dtype=weight.dtype)
-    device = weight.device
+    hidden = torch.randn(max(rows), width, generator=gen).to(device=like.device, dtype=like.dtype)
+    device = like.device
 
     def one(m: int) -> float:
         _sync(device)
@@ -332,18 +334,6 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "probe-mtp"
-
-
-def processor_name() -> str:
-    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def curve_key(model, split_head: bool = False) -> dict:

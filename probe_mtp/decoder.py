@@ -29,6 +29,7 @@ from .generation import Generation, Parts
 from .head import SplitHead
 from .kv import new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
+from .optimize import weight_bytes
 from .passes import OutputLayer
 from .ragged import RaggedCache
 from .request import (
@@ -297,7 +298,7 @@ class ProbeDecoder:
         if not config.pass_memory:
             return config.max_budget
         if self._weight_bytes is None:
-            self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+            self._weight_bytes = weight_bytes(self.model)
         row_bytes = 4 * self.embed.num_embeddings  # a float32 logits row
         rows = int(config.pass_memory * self._weight_bytes // row_bytes)
         return max(min(config.max_budget, rows), min_block_complexity(config.num_masks))

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .attention import GROUPED_SDPA
+from .kernels import EXACT_ATTENTION
 from .tree import additive_mask, full_attention_mask, sliding_attention_mask
 
 SUPPORTED_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
@@ -184,7 +185,9 @@ class AttentionFormat:
         take a tree mask).  Use :func:`probe_mtp.architectures.attention_format`, which first checks
         that the model can verify a tree at all and reads its layer types."""
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
-        if impl in ("sdpa", GROUPED_SDPA):  # the second: sdpa while a decoder runs (probe_mtp.attention)
+        # GROUPED_SDPA: sdpa while a decoder runs (probe_mtp.attention); EXACT_ATTENTION: a model
+        # prepared by probe_mtp.optimize (probe_mtp.kernels); both take sdpa's boolean masks
+        if impl in ("sdpa", GROUPED_SDPA, EXACT_ATTENTION):
             return cls(None, model.device, layer_types)
         if impl == "eager":
             return cls(model.dtype, model.device, layer_types)

@@ -296,3 +296,39 @@ def test_matrix_covers_the_attention_families():
                    "learned absolute", "partial rotary", "eager"):
         assert family in families, family
     assert {"mistral-sw", "bloom"} <= names | {a.name for a in REFUSED}
+
+
+# ------------------------------------------------------------------------------- prepared bf16
+# what probe_mtp.optimize refuses, and why (everything else in the matrix is prepared)
+NOT_PREPARED = {
+    "xglm": "computes attention in its own code",
+    "qwen3_moe": "weights outside linear layers",
+    "mixtral-sw": "weights outside linear layers",
+    "deepseek_v3": "weights outside linear layers",
+    "gpt_oss": "weights outside linear layers",
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=[a.name for a in ARCHS])
+def test_prepared_bf16_decodes_token_identical_to_generate(arch):
+    """Prepared for bf16 (probe_mtp.optimize), every case above is identical to model.generate on the
+    same prepared model, bit for bit: no near-tie allowance."""
+    model = arch.build()
+    if arch.name in NOT_PREPARED:
+        with pytest.raises(probe_mtp.OptimizeError, match=NOT_PREPARED[arch.name]):
+            probe_mtp.optimize(model, require_matrix_units=False)
+        return
+    probe_mtp.optimize(model, require_matrix_units=False)
+    accepted = []
+    for prompt_name, ids in PROMPTS.items():
+        ref = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS)
+        p = ids.shape[1]
+        for mode, knobs in MODES.items():
+            out = probe_mtp.generate(model, ids, max_new_tokens=NEW_TOKENS, **knobs)
+            assert torch.equal(out, ref), f"{arch.name}/{prompt_name}/{mode}: differs from model.generate"
+        oracle = OracleDrafter(ref[0, p:].tolist(), p)
+        res = probe_mtp.generate(model, ids, max_new_tokens=NEW_TOKENS, drafter=oracle, budget=ORACLE_BUDGET,
+                                 return_dict_in_generate=True)
+        assert torch.equal(res.sequences, ref), f"{arch.name}/{prompt_name}/oracle: differs from model.generate"
+        accepted.append(res.stats.mean_accepted_length)
+    assert min(accepted) > 5, f"{arch.name}: the oracle's blocks were not accepted (tau {accepted})"

@@ -1,0 +1,265 @@
+"""The kernels of a prepared model (probe_mtp.kernels), on toy tensors: each place where a wide pass
+could round differently from a one-token pass is shown row-invariant bit for bit, and the checks that
+choose how rows reach a kernel are shown to catch a kernel that is not."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from probe_mtp import kernels
+from probe_mtp.kernels import (
+    PLANS,
+    PackedLinear,
+    RowPlan,
+    RowPlans,
+    RowVarianceError,
+    choose_row_plan,
+    exact_attention,
+    rows_agree,
+    run_rows,
+)
+
+ONEDNN_BF16 = kernels.processor().onednn_bf16
+PACKINGS = [pytest.param(True, id="packed"), pytest.param(False, id="stock")]
+if not ONEDNN_BF16:
+    PACKINGS = [pytest.param(False, id="stock")]
+
+
+class Module:
+    """What transformers hands an attention function as ``module``."""
+
+    is_causal = True
+    training = False
+
+
+def _bf16(*shape, seed=0, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------- linear layers
+# the hidden/intermediate shapes of SmolLM2 (576, 1536) and Gemma 3 270M (640, 2048), the down
+# projections included: on an AMD EPYC their raw one-row product rounds differently from wider ones
+SHAPES = [(1536, 576), (576, 1536), (192, 576), (640, 2048), (2048, 640), (37, 64)]
+
+
+@pytest.mark.parametrize("pack", PACKINGS)
+@pytest.mark.parametrize("out_features,in_features", SHAPES)
+def test_linear_row_of_any_width_equals_the_one_row_product(out_features, in_features, pack):
+    layer = PackedLinear(_bf16(out_features, in_features, seed=1, scale=in_features**-0.5),
+                         _bf16(out_features, seed=2), RowPlans(), pack=pack)
+    x = _bf16(300, in_features, seed=3)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])])
+    for width in (2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 128, 300):
+        assert torch.equal(layer(x[:width]), alone[:width]), f"width {width}"
+    # a batch of rows shaped [B, N, H] is the same rows
+    assert torch.equal(layer(x[:24].reshape(3, 8, in_features)).reshape(24, -1), alone[:24])
+
+
+@pytest.mark.parametrize("pack", PACKINGS)
+def test_linear_matches_a_float_reference(pack):
+    weight, bias, x = _bf16(96, 80, seed=4), _bf16(96, seed=5), _bf16(10, 80, seed=6)
+    layer = PackedLinear(weight, bias, RowPlans(), pack=pack)
+    reference = F.linear(x.double(), weight.double(), bias.double())
+    out = layer(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.double(), reference, rtol=2e-2, atol=2e-2)
+
+
+def _one_row_path_differs(weight):
+    """A kernel that, like oneDNN on some processors, sums a lone row in another order."""
+
+    def kernel(x2d):
+        out = (x2d.double()[:, None, :] * weight.double()[None]).sum(-1)  # the same sum for every row
+        if x2d.shape[0] == 1:  # an error of a few units in the last place of bf16
+            out = out * (1 + 2**-7)
+        return out.to(torch.bfloat16)
+
+    return kernel
+
+
+def _row_position_matters(weight):
+    """A kernel whose result for a row depends on where in the call the row sits (no plan fixes it)."""
+
+    def kernel(x2d):
+        out = (x2d.double()[:, None, :] * weight.double()[None]).sum(-1)
+        return (out * (1 + 2**-6 * torch.arange(x2d.shape[0], dtype=out.dtype))[:, None]).to(torch.bfloat16)
+
+    return kernel
+
+
+def test_the_check_catches_a_kernel_whose_one_row_path_differs_and_pads_it():
+    weight = _bf16(64, 256, seed=7)
+    kernel = _one_row_path_differs(weight)
+    x = _bf16(40, 256, seed=8)
+    plain = RowPlan(block=0)
+    # without the plan's padding the rows differ (the test can fail)
+    raw_alone = torch.cat([kernel(x[i : i + 1]) for i in range(40)])
+    assert not torch.equal(kernel(x), raw_alone)
+    # the plan pads a lone row, so every width agrees
+    assert rows_agree(kernel, 256, plain, tuple(range(1, 41)))
+    assert choose_row_plan(kernel, 64, 256) == RowPlan(0, 512)
+
+
+def test_the_check_refuses_a_kernel_no_plan_makes_row_invariant():
+    weight = _bf16(64, 128, seed=9)
+    kernel = _row_position_matters(weight)
+    for plan in PLANS:
+        assert not rows_agree(kernel, 128, plan, (1, 2, 3, 17, 40))
+    with pytest.raises(RowVarianceError, match="rounds a row differently.*decode in float32"):
+        choose_row_plan(kernel, 64, 128)
+
+
+def test_block_plans_run_fixed_blocks_and_long_inputs_in_chunks():
+    calls = []
+
+    def kernel(x2d):
+        calls.append(x2d.shape[0])
+        return x2d * 2
+
+    x = _bf16(40, 8, seed=10)
+    assert torch.equal(run_rows(kernel, x, RowPlan(16)), x * 2) and calls == [16, 16, 16]
+    calls.clear()
+    assert torch.equal(run_rows(kernel, x[:1], RowPlan(0)), x[:1] * 2) and calls == [2]
+    calls.clear()
+    assert torch.equal(run_rows(kernel, x, RowPlan(0, most=16)), x * 2) and calls == [16, 16, 8]
+
+
+# ------------------------------------------------------------------------------- PackedLinear as a layer
+@pytest.mark.parametrize("pack", PACKINGS)
+def test_packed_layer_state_dict_copy_pickle_and_to(pack):
+    weight, bias = _bf16(48, 32, seed=11), _bf16(48, seed=12)
+    layer = PackedLinear(weight, bias, RowPlans(), pack=pack)
+    x = _bf16(5, 32, seed=13)
+    expected = layer(x)
+    state = layer.state_dict()
+    assert set(state) == {"weight", "bias"} and torch.equal(state["weight"], weight)
+    assert torch.equal(layer.weight, weight)
+    other = PackedLinear(torch.zeros(48, 32), torch.zeros(48), RowPlans(), pack=pack)
+    other.load_state_dict(state)
+    assert torch.equal(other(x), expected)
+    assert torch.equal(copy.deepcopy(layer)(x), expected)
+    assert torch.equal(pickle.loads(pickle.dumps(layer))(x), expected)
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=False)(x), expected)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        other.load_state_dict({"weight": torch.zeros(3, 3), "bias": torch.zeros(48)})
+    # .to() another dtype: a plain layer of that dtype, computing the same product
+    layer.to(torch.float32)
+    assert layer.packed is None and layer.weight.dtype == torch.float32
+    assert torch.allclose(layer(x.float()), expected.float(), rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------------------------- attention
+def _attend(q, k, v, mask=None, **kwargs):
+    out, _ = exact_attention(Module(), q, k, v, mask, scaling=q.shape[-1] ** -0.5, **kwargs)
+    return out  # [B, N, H, Dv]
+
+
+def _qkv(batch=1, heads=6, heads_kv=2, queries=12, keys=40, dim=32, seed=0):
+    return (_bf16(batch, heads, queries, dim, seed=seed), _bf16(batch, heads_kv, keys, dim, seed=seed + 1),
+            _bf16(batch, heads_kv, keys, dim, seed=seed + 2))
+
+
+def test_attention_causal_rows_equal_one_token_passes():
+    """Row i of a causal pass of N queries on top of a cache = the one-query pass at that point."""
+    past, n = 30, 12
+    q, k, v = _qkv(queries=n, keys=past + n)
+    wide = _attend(q, k, v)  # no mask: causal, the queries being the last n keys
+    for i in range(n):
+        one = _attend(q[:, :, i : i + 1], k[:, :, : past + i + 1], v[:, :, : past + i + 1])
+        assert torch.equal(wide[:, i : i + 1], one), f"row {i}"
+
+
+def test_attention_tree_rows_equal_their_paths_alone():
+    """A tree pass: node rows see the cache and their ancestors, spread among decoys and masks; each
+    equals the one-query pass over its path laid out contiguously (as model.generate sees it)."""
+    past = 50
+    # inputs: root(0), a1(1), d1(2), a2(3), d2(4), a3(5), mask(6); the path is root-a1-a2-a3
+    parents = {0: None, 1: 0, 2: 0, 3: 1, 4: 1, 5: 3, 6: 5}
+    n = len(parents)
+    q, k, v = _qkv(queries=n, keys=past + n, seed=20)
+    visible = torch.zeros(n, past + n, dtype=torch.bool)
+    visible[:, :past] = True
+    for i in range(n):
+        j = i
+        while j is not None:
+            visible[i, past + j] = True
+            j = parents[j]
+    wide = _attend(q, k, v, visible[None, None])
+    path = [0, 1, 3, 5]
+    for depth, node in enumerate(path):
+        keys = list(range(past)) + [past + p for p in path[: depth + 1]]
+        one = _attend(q[:, :, node : node + 1], k[:, :, keys], v[:, :, keys])
+        assert torch.equal(wide[:, node : node + 1], one), f"node {node}"
+
+
+def test_attention_padding_and_batches_do_not_change_a_row():
+    """Left padding (masked keys first) and other rows of a batch leave a row's bits alone."""
+    q, k, v = _qkv(batch=1, queries=1, keys=25, seed=30)
+    alone = _attend(q, k, v)
+    pad = 7
+    kp = torch.cat([_bf16(1, 2, pad, 32, seed=31), k], dim=2)
+    vp = torch.cat([_bf16(1, 2, pad, 32, seed=32), v], dim=2)
+    mask = torch.ones(1, 1, 1, pad + 25, dtype=torch.bool)
+    mask[..., :pad] = False
+    assert torch.equal(_attend(q, kp, vp, mask), alone)
+    q2, k2, v2 = _qkv(batch=1, queries=1, keys=pad + 25, seed=33)
+    batch_mask = torch.cat([mask, torch.ones_like(mask)])
+    both = _attend(torch.cat([q, q2]), torch.cat([kp, k2]), torch.cat([vp, v2]), batch_mask)
+    assert torch.equal(both[:1], alone)
+
+
+def test_attention_in_query_chunks_equals_one_call(monkeypatch):
+    q, k, v = _qkv(queries=40, keys=80, seed=40)
+    whole = _attend(q, k, v)
+    monkeypatch.setattr(kernels, "ATTENTION_BYTES", 6 * 80 * 8 * 3)  # three queries per chunk
+    assert torch.equal(_attend(q, k, v), whole)
+
+
+def test_attention_is_attention():
+    """Close to the textbook formula (and to sdpa), with boolean, additive and no masks, softcapping."""
+    q, k, v = _qkv(queries=5, keys=17, dim=16, seed=50)
+    mask = torch.rand(1, 1, 5, 17, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[..., 0] = True
+    kr, vr = k.double().repeat_interleave(3, dim=1), v.double().repeat_interleave(3, dim=1)
+    scores = q.double() @ kr.transpose(-1, -2) / 4.0
+    expected = torch.softmax(scores.masked_fill(~mask, -math.inf), -1) @ vr
+    assert torch.allclose(_attend(q, k, v, mask).double().transpose(1, 2), expected, atol=1e-2, rtol=1e-2)
+    additive = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill(~mask, torch.finfo(torch.bfloat16).min)
+    assert torch.equal(_attend(q, k, v, additive), _attend(q, k, v, mask))
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    assert torch.allclose(_attend(q, k, v, mask).float().transpose(1, 2), sdpa, atol=1e-2, rtol=1e-2)
+    capped = torch.softmax((torch.tanh(scores / 5.0) * 5.0).masked_fill(~mask, -math.inf), -1) @ vr
+    assert torch.allclose(_attend(q, k, v, mask, softcap=5.0).double().transpose(1, 2), capped, atol=1e-2, rtol=1e-2)
+
+
+def test_attention_row_that_sees_nothing_is_zero_not_nan():
+    q, k, v = _qkv(queries=2, keys=6, seed=60)
+    mask = torch.ones(1, 1, 2, 6, dtype=torch.bool)
+    mask[0, 0, 0] = False
+    out = _attend(q, k, v, mask)
+    assert not out.isnan().any() and torch.equal(out[:, 0], torch.zeros_like(out[:, 0]))
+
+
+def test_attention_refuses_sinks():
+    q, k, v = _qkv(queries=1, keys=4)
+    with pytest.raises(NotImplementedError, match="sinks"):
+        exact_attention(Module(), q, k, v, None, s_aux=torch.zeros(6))
+
+
+def test_processor_description_names_the_matrix_units():
+    cpu = kernels.Processor("Some CPU", frozenset({"avx512_bf16", "amx_bf16"}), True)
+    assert cpu.matrix_units == "AMX" and cpu.has_bf16_units and "AMX" in cpu.describe()
+    assert kernels.Processor("Old CPU", frozenset(), True).matrix_units is None
+    assert not kernels.Processor("Old CPU", frozenset(), True).has_bf16_units
+    assert not kernels.Processor("x", frozenset({"avx512_bf16"}), False).has_bf16_units
