@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -25,6 +26,22 @@ def smollm2():
 def gemma3():
     """(model, tokenizer) of the embedded Gemma 3 270M, fp32, sdpa (about a minute to load)."""
     return probe_mtp.load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_bf16(smollm2):
+    """The session's SmolLM2 prepared by ``probe_mtp.optimize`` (bf16, packed, exact attention), a
+    copy: the fp32 fixture stays as it is.  Prepared on any processor (bf16 computes everywhere;
+    only the speed needs matrix units)."""
+    model, tokenizer = smollm2
+    return probe_mtp.optimize(copy.deepcopy(model), require_matrix_units=False), tokenizer
+
+
+@pytest.fixture(scope="session")
+def gemma3_bf16(gemma3):
+    """The session's Gemma 3 270M prepared by ``probe_mtp.optimize`` (a copy)."""
+    model, tokenizer = gemma3
+    return probe_mtp.optimize(copy.deepcopy(model), require_matrix_units=False), tokenizer
 
 
 @pytest.fixture(scope="session")
