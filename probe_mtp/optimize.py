@@ -119,8 +119,29 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
     model.config.dtype = dtype
     result = Prepared(dtype, cpu, pack, plans, len(layers))
     model.__dict__[PREPARED_ATTRIBUTE] = result
-    log.info("probe_mtp.optimize: %s", result.describe())
+    log.info("probe_mtp.optimize: %s", result.describe())  # dtype auto says which through this line
     return model
+
+
+def optimize_if_supported(model) -> bool:
+    """``dtype="auto"``: prepare ``model`` for bf16 where this processor has bf16 matrix units and the
+    model can be prepared; leave it in float32 otherwise.  Says which (logger ``probe_mtp``: info
+    when prepared or when the processor has no units, a warning when a model could not be prepared
+    on a processor that has them) and returns whether it prepared the model."""
+    cpu = processor()
+    if not cpu.has_bf16_units:
+        log.info("dtype auto: float32 (this processor, %s, has no bf16 matrix units)", cpu.describe())
+        return False
+    device = getattr(model, "device", torch.device("cpu"))
+    if torch.device(device).type != "cpu":
+        log.info("dtype auto: %s as loaded (optimize() prepares CPU models)", model.dtype)
+        return False
+    try:
+        optimize(model)
+    except OptimizeError as exc:
+        log.warning("dtype auto: float32, because %s", exc)
+        return False
+    return True
 
 
 def _check_can_optimize(model, dtype, cpu: Processor, require_matrix_units: bool) -> None:

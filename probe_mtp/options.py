@@ -20,16 +20,28 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
-def parse_dtype(name: str) -> torch.dtype:
+AUTO = "auto"
+
+
+def parse_dtype(name: str) -> torch.dtype | str:
+    if name == AUTO:
+        return AUTO
     try:
         return DTYPES[name]
     except KeyError:
-        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}; choose from {sorted(DTYPES)}") from None
+        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}; choose from {sorted(DTYPES) + [AUTO]}") from None
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
+DTYPE_HELP = (
+    "auto: bf16 prepared by probe_mtp.optimize (packed weights, row-invariant attention: exact) where the processor "
+    "has bf16 matrix units (AMX or AVX512-BF16), float32 elsewhere; float32 (exact); bfloat16 or float16 (stock "
+    "kernels: outputs may differ from model.generate at near-ties)"
+)
+
+
+def add_model_arguments(p: argparse.ArgumentParser, dtype: str = AUTO) -> None:
     p.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m, a local folder, a .gguf file or a hub id")
-    p.add_argument("--dtype", type=parse_dtype, default=torch.float32, help="float32 (default, exact), bfloat16 or float16")
+    p.add_argument("--dtype", type=parse_dtype, default=parse_dtype(dtype), help=f"{DTYPE_HELP} (default {dtype})")
 
 
 def _parse_bool(text: str) -> bool:

@@ -29,7 +29,7 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         "(use it with generate(..., masks=PATH) or probe-mtp report --masks PATH), loss_curve.csv/.png and the "
         "teacher continuations (teacher.json, reused by a rerun with the same prompts and model).",
     )
-    add_model_arguments(t)
+    add_model_arguments(t, dtype="float32")
     t.add_argument("--prompts", default=None, metavar="FILE",
                    help="training prompts: a Spec-Bench-format .jsonl file (first turns) or a text file with one prompt "
                    "per line (default: the bundled Spec-Bench tasks translation, summarization, qa)")
@@ -132,6 +132,9 @@ def cmd_tune(args, loaded=None) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.dtype == "auto":
+        raise ValueError("tuning back-propagates through the frozen model, which a model prepared for bf16 (--dtype "
+                         "auto) cannot do; tune in float32 (the default): the tuned vectors serve every dtype")
     for name in ("limit", "max_new_tokens", "max_context"):
         if getattr(args, name) < (0 if name == "limit" else 2):
             raise ValueError(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")

@@ -192,6 +192,11 @@ def train_masks(
     (``step, loss, top1, top14, targets, seconds``)."""
     if not sequences:
         raise ValueError("no teacher sequences to train on")
+    from ..optimize import is_optimized
+
+    if is_optimized(model):
+        raise ValueError("a model prepared by probe_mtp.optimize cannot back-propagate (its weights are packed for "
+                         "inference); tune the masks on the float32 model: the vectors serve the prepared one too")
     model.requires_grad_(False)
     embed = model.get_input_embeddings()
     k = settings.num_masks
