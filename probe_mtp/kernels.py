@@ -52,6 +52,7 @@ LARGE_WEIGHT = 16 * 2**20
 LARGE_WIDTHS = tuple(range(1, 34)) + (48, 63, 64, 65, 96, 127, 128)
 CHECK_ROWS = 48  # distinct random input rows per check
 ATTENTION_BYTES = 64 * 2**20  # float64 scores of one attention call are computed in query chunks of at most this
+QUERY_CHUNK = 256  # ... and of at most this many queries, each chunk over the keys its queries can see
 
 
 # ------------------------------------------------------------------------------- the processor
@@ -401,14 +402,28 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     mask = _visible(attention_mask, heads_kv, groups, queries, keys, causal)
     per_query = heads * keys * 8 * batch
-    step = max(1, min(queries, ATTENTION_BYTES // max(per_query, 1)))
+    step = max(1, min(queries, QUERY_CHUNK, ATTENTION_BYTES // max(per_query, 1)))
     outputs = []
     for start in range(0, queries, step):
         stop = min(queries, start + step)
         part = None if mask is None else mask[..., start:stop, :]
-        outputs.append(_attend(query[:, :, start:stop], keys64, values64, part, scale, softcap, groups))
+        # keys after the last one these queries see add exact zeros: a long causal prefill in
+        # chunks skips half its products
+        seen = _keys_seen(part, keys)
+        if part is not None and seen < keys:
+            part = part[..., :seen]
+        outputs.append(_attend(query[:, :, start:stop], keys64[..., :seen], values64[:, :, :seen], part, scale,
+                               softcap, groups))
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # [B, H, N, Dv]
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _keys_seen(mask, keys: int) -> int:
+    """How many leading keys a chunk of queries can see (all of them for an additive mask)."""
+    if mask is None or mask.dtype != torch.bool:
+        return keys
+    columns = mask.reshape(-1, mask.shape[-1]).any(dim=0).nonzero()
+    return int(columns[-1]) + 1 if columns.numel() else keys
 
 
 def _attend(query, keys64, values64, mask, scale: float, softcap: float | None, groups: int) -> torch.Tensor:

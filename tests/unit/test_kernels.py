@@ -263,3 +263,15 @@ def test_processor_description_names_the_matrix_units():
     assert kernels.Processor("Old CPU", frozenset(), True).matrix_units is None
     assert not kernels.Processor("Old CPU", frozenset(), True).has_bf16_units
     assert not kernels.Processor("x", frozenset({"avx512_bf16"}), False).has_bf16_units
+
+
+def test_attention_prefill_chunks_skip_keys_no_query_sees(monkeypatch):
+    """A causal prefill of 40 queries in chunks of 8 (each chunk over the keys it can see), with and
+    without left padding, equals one call over every key."""
+    q, k, v = _qkv(queries=40, keys=40, seed=70)
+    pad = torch.ones(1, 1, 40, 40, dtype=torch.bool).tril()
+    pad[..., :5] = False
+    whole, padded = _attend(q, k, v), _attend(q, k, v, pad)
+    monkeypatch.setattr(kernels, "QUERY_CHUNK", 8)
+    assert torch.equal(_attend(q, k, v), whole)
+    assert torch.equal(_attend(q, k, v, pad), padded)
