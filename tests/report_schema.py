@@ -4,7 +4,7 @@ tests/models/test_report_end_to_end.py)."""
 
 from __future__ import annotations
 
-from probe_mtp.report import GREEDY, HF_PLD
+from probe_mtp.report import GREEDY, GREEDY_FP32, HF_PLD
 from probe_mtp.report.harness import SCHEMA
 from probe_mtp.report.outputs import RECORD_FIELDS
 
@@ -32,6 +32,10 @@ SETTINGS_TYPES = {
     "full": bool,
 }
 ENVIRONMENT_TYPES = {
+    "dtype": str,  # what the model computed in: "float32", "bfloat16 prepared", ... (settings: what was asked)
+    "kernels": str,
+    "matrix_units": (str, type(None)),
+    "fp32_reference": (str, type(None)),  # the float32 baseline's kernels, beside a prepared model
     "torch_threads": int,
     "torch_interop_threads": int,
     "cpu_count": (int, type(None)),
@@ -83,26 +87,40 @@ SUMMARY_KEYS = {
     "task", "label", "method", "kind", "budget", "num_masks", "n", "new_tokens", "forward_passes", "steps",
     "tau", "tokens_per_pass", "seconds", "tokens_per_second", "speedup_vs_greedy", "speedup_vs_hf_pld",
     "identical", "all_identical", "agreement", "speedup_vs_greedy_low", "speedup_vs_greedy_high",
-    "speedup_vs_hf_pld_low", "speedup_vs_hf_pld_high",
+    "speedup_vs_hf_pld_low", "speedup_vs_hf_pld_high", "speedup_vs_fp32", "speedup_vs_fp32_low",
+    "speedup_vs_fp32_high",
 }
-DEFAULT_KEYS = {"configuration", "labels", "budget", "memory", "masks", "pass_sizes", "verdict", "runs", "interval",
-                "summary"}
+DEFAULT_KEYS = {"configuration", "labels", "budget", "memory", "masks", "pass_sizes", "verdict", "fp32_agreement",
+                "runs", "interval", "summary"}
 BATCH_KEYS = {"batch", "batches", "tokens", "generate_tokens_per_second", "probe_tokens_per_second", "speedup",
-              "speedup_low", "speedup_high", "tau", "identical"}
+              "speedup_low", "speedup_high", "tau", "identical", "fp32_tokens_per_second", "speedup_vs_fp32",
+              "speedup_vs_fp32_low", "speedup_vs_fp32_high", "fp32_identical"}
+FP32_BATCH_KEYS = {"fp32_tokens_per_second", "speedup_vs_fp32", "speedup_vs_fp32_low", "speedup_vs_fp32_high",
+                   "fp32_identical"}
 EQUAL_BUDGET_KEYS = {"budgets", "labels", "pass_cost_relative_to_one_token", "note"}
 
 
 def check_schema(doc: dict) -> None:
+    """Every key and type of report.json.  A report on a prepared model with its float32 reference
+    (``environment.fp32_reference`` set) has the ``generate fp32`` baseline right after the two
+    others, ``speedup_vs_fp32`` in every summary row, the float32 figures of every batch row and
+    the agreement sentence; one without has none of them (the keys are there, None)."""
     assert set(doc) == {"schema", "settings", "environment", "started_at", "total_seconds", "methods", "default",
                         "equal_budget", "batches", "memories", "records", "summary"}
     assert doc["schema"] == SCHEMA
+    fp32 = doc["environment"]["fp32_reference"] is not None
     for label, m in doc["memories"].items():  # every warm decoder's memory after the stream
         assert label in doc["methods"] and 0 < m["bytes"] <= m["max_bytes"] and m["file_bytes"] > 0
         assert m["save_seconds"] >= 0 and m["load_seconds"] >= 0
     for row in doc["batches"]:  # --batch
         assert set(row) == BATCH_KEYS and row["batch"] >= 1 and row["speedup_low"] <= row["speedup_high"]
+        if fp32:
+            assert row["speedup_vs_fp32_low"] <= row["speedup_vs_fp32_high"] and row["fp32_identical"] >= 0
+        else:
+            assert all(row[key] is None for key in FP32_BATCH_KEYS)
     assert isinstance(doc["started_at"], str) and isinstance(doc["total_seconds"], (int, float))
-    assert doc["methods"][:2] == [GREEDY, HF_PLD]
+    baselines = [GREEDY, HF_PLD, GREEDY_FP32] if fp32 else [GREEDY, HF_PLD]
+    assert doc["methods"][:len(baselines)] == baselines and GREEDY_FP32 not in doc["methods"][len(baselines):]
     for key, types in SETTINGS_TYPES.items():
         assert isinstance(doc["settings"][key], types), key
     assert set(doc["settings"]) == set(SETTINGS_TYPES)
@@ -119,6 +137,7 @@ def check_schema(doc: dict) -> None:
         assert r["label"] in doc["methods"]
     for row in doc["summary"]:
         assert set(row) == SUMMARY_KEYS
+        assert (row["speedup_vs_fp32"] is not None) == fp32, row["label"]
 
     default = doc["default"]
     if doc["settings"]["default"]:
@@ -128,8 +147,10 @@ def check_schema(doc: dict) -> None:
         assert isinstance(default["verdict"], str) and default["verdict"].startswith("default decoder")
         assert all(isinstance(k, str) and int(k) >= 1 and v >= 1 for k, v in default["pass_sizes"].items())
         for row in default["summary"]:
-            assert set(row) == SUMMARY_KEYS and row["label"] in [GREEDY, HF_PLD, *default["labels"]]
-        assert doc["methods"][2] == default["labels"][0]  # the default configuration right after the baselines
+            assert set(row) == SUMMARY_KEYS and row["label"] in [*baselines, *default["labels"]]
+        assert doc["methods"][len(baselines)] == default["labels"][0]  # the default configuration after the baselines
+        assert ("x float32 model.generate" in default["verdict"]) == fp32
+        assert isinstance(default["fp32_agreement"], str) == fp32
     else:
         assert default is None
     if doc["equal_budget"] is not None:

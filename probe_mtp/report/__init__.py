@@ -1,5 +1,7 @@
 """``probe-mtp report``: the default configuration against the two transformers baselines first
-(verdict line), then every drafter at an equal block complexity, side by side in one run.
+(verdict line; on a model prepared by :func:`probe_mtp.optimize` also against ``model.generate`` on
+the unprepared float32 model), then every drafter at an equal block complexity, side by side in one
+run.
 
 - :mod:`.harness`: the methods (the default configuration, probe-mtp drafters, ``model.generate``
   greedy, transformers' prompt lookup), the prompt-major timing loop and the per-prompt records;
@@ -15,6 +17,7 @@ from .harness import (
     BASELINES,
     DEFAULT,
     GREEDY,
+    GREEDY_FP32,
     HF_PLD,
     Report,
     ReportSettings,
@@ -30,6 +33,7 @@ __all__ = [
     "BASELINES",
     "DEFAULT",
     "GREEDY",
+    "GREEDY_FP32",
     "HF_PLD",
     "Report",
     "ReportSettings",

@@ -3,7 +3,9 @@
 The report harness runs every method over the same prompts, prompt-major with a rotated order; the
 bench repeats that ``repeats`` times and reports, per task and overall, the median, min and max of
 each method's speedup over ``model.generate`` greedy (total time of the task's prompts, ratio taken
-within one repetition, so slow phases of a shared machine cancel).  For the probe methods it adds:
+within one repetition, so slow phases of a shared machine cancel), and on a prepared model (a float32
+reference measured beside it) the same over ``model.generate`` on the float32 model.  For the probe
+methods it adds:
 
 - ``overhead``: the share of the decoding steps' time spent outside the model's forward pass;
 - ``bound``: the speedup the method's own passes allow on this machine's cost curve, and the share
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .baselines import GREEDY_FP32
 from .harness import GREEDY, HF_PLD, Report
 from .summary import record_key
 
@@ -42,16 +45,32 @@ class SpeedRow:
     overhead: float | None
     bound: float | None
     identical: bool
+    vs_fp32: list[float] | None = None  # one per repetition, over model.generate on the float32 model
 
     @property
     def median(self) -> float:
         return statistics.median(self.speedups)
+
+    def fp32_spread(self) -> tuple[float, float, float] | None:
+        """``(median, min, max)`` of the speedups over the float32 model.generate (None without it)."""
+        if not self.vs_fp32:
+            return None
+        return statistics.median(self.vs_fp32), min(self.vs_fp32), max(self.vs_fp32)
+
+    @property
+    def lossless_text(self) -> str:
+        """``yes`` / ``NO``; ``-`` for the float32 baseline (its differences from the prepared model's
+        model.generate are rounding, not a loss)."""
+        if self.label == GREEDY_FP32:
+            return "-"
+        return "yes" if self.identical else "NO"
 
     @property
     def realised(self) -> float | None:
         return self.median / self.bound if self.bound else None
 
     def as_dict(self) -> dict:
+        fp32 = self.fp32_spread()
         return {
             "task": self.task,
             "label": self.label,
@@ -66,6 +85,10 @@ class SpeedRow:
             "bound": self.bound,
             "realised_share_of_bound": self.realised,
             "identical_to_greedy": self.identical,
+            "vs_fp32_median": fp32[0] if fp32 else None,
+            "vs_fp32_min": fp32[1] if fp32 else None,
+            "vs_fp32_max": fp32[2] if fp32 else None,
+            "vs_fp32": self.vs_fp32,
         }
 
 
@@ -101,6 +124,7 @@ def speed_rows(reports: list[Report], curve=None) -> list[SpeedRow]:
     """Per task (and overall) and method: speedups over the repetitions, tau, overhead, bound."""
     first = reports[0]
     labels = first.methods
+    fp32 = GREEDY_FP32 in labels
     tasks: list[str] = []
     for r in first.records:
         if r["task"] not in tasks:
@@ -137,6 +161,7 @@ def speed_rows(reports: list[Report], curve=None) -> list[SpeedRow]:
                     _overhead(recs) if probe else None,
                     _bound(recs, curve) if probe and curve is not None else None,
                     all(r["identical_to_greedy"] for rep in reports for r in pick(rep, label)),
+                    [ratio(rep, GREEDY_FP32, label) for rep in reports] if fp32 else None,
                 )
             )
     return rows
@@ -146,34 +171,43 @@ def rich_speed_table(rows: list[SpeedRow], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("task", "method", "tau", "speedup median [min, max]", "vs hf-pld", "overhead", "bound", "of bound", "lossless"):
+    fp32 = any(row.vs_fp32 for row in rows)
+    for col in ("task", "method", "tau", "speedup median [min, max]", "vs hf-pld",
+                *(("x generate fp32 median [min, max]",) if fp32 else ()), "overhead", "bound", "of bound", "lossless"):
         table.add_column(col, justify="left" if col in ("task", "method") else "right")
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for row in rows:
+        spread = row.fp32_spread()
         table.add_row(
             row.task,
             row.label,
             fmt(row.tau, ".2f"),
             f"{row.median:.2f}x [{min(row.speedups):.2f}, {max(row.speedups):.2f}]",
             f"{statistics.median(row.vs_hf_pld):.2f}x",
+            *([f"{spread[0]:.2f}x [{spread[1]:.2f}, {spread[2]:.2f}]" if spread else "-"] if fp32 else []),
             fmt(row.overhead, ".0%"),
             fmt(row.bound, ".2f"),
             fmt(row.realised, ".0%"),
-            "yes" if row.identical else "NO",
+            row.lossless_text,
         )
     return table
 
 
 def markdown_speed_table(rows: list[SpeedRow]) -> str:
+    fp32 = any(row.vs_fp32 for row in rows)
     lines = [
-        "| task | method | tau | speedup median | min | max | vs hf-pld | overhead | bound | of bound | lossless |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| task | method | tau | speedup median | min | max | vs hf-pld | "
+        + ("x generate fp32 median | min | max | " if fp32 else "") + "overhead | bound | of bound | lossless |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if fp32 else ""),
     ]
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for row in rows:
+        vs_fp32 = ""
+        if fp32:
+            vs_fp32 = " | ".join(f"{x:.2f}x" for x in row.fp32_spread()) + " | " if row.vs_fp32 else "- | - | - | "
         lines.append(
             f"| {row.task} | {row.label} | {fmt(row.tau, '.2f')} | {row.median:.2f}x | {min(row.speedups):.2f}x | "
-            f"{max(row.speedups):.2f}x | {statistics.median(row.vs_hf_pld):.2f}x | {fmt(row.overhead, '.0%')} | "
-            f"{fmt(row.bound, '.2f')} | {fmt(row.realised, '.0%')} | {'yes' if row.identical else 'NO'} |"
+            f"{max(row.speedups):.2f}x | {statistics.median(row.vs_hf_pld):.2f}x | {vs_fp32}{fmt(row.overhead, '.0%')} | "
+            f"{fmt(row.bound, '.2f')} | {fmt(row.realised, '.0%')} | {row.lossless_text} |"
         )
     return "\n".join(lines) + "\n"

@@ -147,8 +147,13 @@ def settings_from_args(args, default: bool = True):
 
 def prepare_run(args, loaded=None, default: bool = True):
     """Shared by ``report`` and ``bench``: consoles, torch threads, validated settings, prompts, the
-    output folder checked, and the model (``loaded``: an already loaded ``(model, tokenizer)``, else
-    ``--model`` is loaded).  Every check runs before the model is loaded."""
+    output folder checked, and the model: ``--model`` in ``--dtype``, and when that model came out
+    prepared (:func:`probe_mtp.optimize`, ``--dtype auto`` on a processor with bf16 matrix units) a
+    second, unprepared float32 copy of it (the reference, measured as the baseline
+    ``generate fp32``; else None).  ``loaded``: an already loaded ``(model, tokenizer)`` or
+    ``(model, tokenizer, reference)`` instead (nothing is loaded then: a prepared model without a
+    reference is measured without the float32 baseline).  Every check runs before a model is
+    loaded.  Returns ``(console, progress_console, settings, prompts, model, tokenizer, reference)``."""
     import os
 
     import torch
@@ -178,12 +183,18 @@ def prepare_run(args, loaded=None, default: bool = True):
         progress_console.print(f"[yellow]{busy}[/yellow]", highlight=False)
     if loaded is None:
         from ..loading import load_model
+        from ..optimize import describe, is_optimized
 
         with progress_console.status(f"loading {settings.model}..."):
             model, tokenizer = load_model(args.model, dtype=args.dtype)
+        progress_console.print(f"{settings.model}: {describe(model)}", highlight=False)
+        reference = None
+        if is_optimized(model):
+            with progress_console.status(f"loading {settings.model} in float32 (the generate fp32 baseline)..."):
+                reference, _ = load_model(args.model, dtype=torch.float32)
     else:
-        model, tokenizer = loaded
-    return console, progress_console, settings, prompts, model, tokenizer
+        model, tokenizer, reference = (*loaded, None)[:3]
+    return console, progress_console, settings, prompts, model, tokenizer, reference
 
 
 def batch_sizes(args) -> tuple[int, ...]:
@@ -194,9 +205,10 @@ def batch_sizes(args) -> tuple[int, ...]:
     return parse_batch_sizes(given) if given is not None else ()
 
 
-def run_batches(args, model, tokenizer, settings, prompts, console, progress_console):
-    """``--batch``: the default decoder against model.generate on the same left-padded batches;
-    prints the table and its sentence and returns the rows."""
+def run_batches(args, model, tokenizer, settings, prompts, console, progress_console, reference=None):
+    """``--batch``: the default decoder against model.generate on the same left-padded batches (and
+    against ``reference.generate``, the float32 model, when given); prints the table and its
+    sentence and returns the rows."""
     import torch
 
     from ..decoder import ProbeDecoder
@@ -211,7 +223,8 @@ def run_batches(args, model, tokenizer, settings, prompts, console, progress_con
             progress_console.print(f"batch size {size}: {done}/{total} batches", highlight=False)
 
     with torch.no_grad():
-        rows = measure_batches(model, decoder, ids, list(sizes), settings.max_new_tokens, progress=progress)
+        rows = measure_batches(model, decoder, ids, list(sizes), settings.max_new_tokens, progress=progress,
+                               reference_model=reference)
     title = (f"batches: {settings.model}, {len(ids)} prompts (first turns), {settings.max_new_tokens} new tokens, "
              f"greedy, {torch.get_num_threads()} threads")
     console.print(rich_batch_table(rows, title))
@@ -240,13 +253,14 @@ def busy_machine_note(threads: int, load: float | None = None, cores: int | None
             "then measured at 1 thread)")
 
 
-def describe_run(settings, prompts) -> str:
-    """One line: what the run measures."""
+def describe_run(settings, prompts, fp32: bool = False) -> str:
+    """One line: what the run measures (``fp32``: with the float32 baseline)."""
+    from .baselines import GREEDY, GREEDY_FP32, HF_PLD
     from .harness import method_prompts
     from .streams import build_stream, stream_turns
 
     turns = stream_turns(build_stream(prompts, settings.stream))
-    methods = ["generate", "hf-pld"] + (["default (hybrid, budget auto)"] if settings.default else [])
+    methods = [GREEDY, HF_PLD] + ([GREEDY_FP32] if fp32 else []) + (["default (hybrid, budget auto)"] if settings.default else [])
     text = (f"{len(prompts)} prompts ({turns} turns), {settings.max_new_tokens} new tokens, memory "
             f"{'/'.join(settings.memory)}, methods: {', '.join(methods)}")
     if settings.methods:
@@ -257,26 +271,35 @@ def describe_run(settings, prompts) -> str:
 
 
 def cmd_report(args, loaded=None) -> int:
-    """Run the report.  ``loaded``: an already loaded ``(model, tokenizer)`` (tests, notebooks);
-    otherwise ``--model`` is loaded."""
+    """Run the report.  ``loaded``: an already loaded ``(model, tokenizer)``, or ``(model, tokenizer,
+    reference)`` with the float32 reference of a prepared model (tests, notebooks; see
+    :func:`prepare_run`); otherwise ``--model`` is loaded."""
     import sys
 
+    import torch
+
+    from ..optimize import is_optimized
+    from .baselines import GREEDY_FP32
     from .harness import run_report
     from .outputs import print_report, write_outputs
 
-    console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded)
-    progress_console.print(describe_run(settings, prompts), highlight=False)
+    console, progress_console, settings, prompts, model, tokenizer, reference = prepare_run(args, loaded)
+    progress_console.print(describe_run(settings, prompts, fp32=reference is not None), highlight=False)
     report = run_report(
-        model, tokenizer, settings, prompts, progress=not args.no_progress, console=progress_console
+        model, tokenizer, settings, prompts, progress=not args.no_progress, console=progress_console,
+        reference_model=reference,
     )
     print_report(report, console)
     if batch_sizes(args):
         report.batches = [r.as_dict() for r in run_batches(args, model, tokenizer, settings, prompts, console,
-                                                           progress_console)]
-    bad = sum(1 for r in report.records if not r["identical_to_greedy"])
+                                                           progress_console, reference)]
+    # the float32 baseline's differences are rounding between two models (print_report gave its agreement)
+    measured = [r for r in report.records if r["label"] != GREEDY_FP32]
+    bad = sum(1 for r in measured if not r["identical_to_greedy"])
     if bad:
-        console.print(f"[red]{bad} of {len(report.records)} outputs differ from model.generate greedy[/red]"
-                      + (" (expected to happen now and then in reduced precision)" if settings.dtype != "float32" else ""))
+        stock_reduced = not is_optimized(model) and model.dtype != torch.float32  # a prepared model is exact
+        console.print(f"[red]{bad} of {len(measured)} outputs differ from model.generate greedy[/red]"
+                      + (" (expected to happen now and then in reduced precision)" if stock_reduced else ""))
     if args.out and args.out != "-":
         written = write_outputs(report, args.out, plots=not args.no_plots)
         console.print(f"wrote {', '.join(str(p) for p in written)}", highlight=False)
@@ -336,36 +359,45 @@ def cmd_bench(args, loaded=None) -> int:
         raise ValueError(f"--memory-tokens must be >= 0, got {args.memory_tokens}")
     if args.drafter is None:
         args.drafter = ("esp",)
-    console, progress_console, settings, prompts, model, tokenizer = prepare_run(args, loaded, default=False)
+    console, progress_console, settings, prompts, model, tokenizer, reference = prepare_run(args, loaded, default=False)
     if batch_sizes(args):
-        return bench_batches(args, model, tokenizer, settings, prompts, console, progress_console)
+        return bench_batches(args, model, tokenizer, settings, prompts, console, progress_console, reference)
     probe = ProbeDecoder(model, tokenizer)
     curve = probe.cost_curve(probe.config)
-    progress_console.print(f"cost curve: {curve}", highlight=False)
+    models = {"model": model, "fp32": reference} if reference is not None else {"model": model}
+    curves = {"model": curve}
+    if reference is not None:
+        fp32_probe = ProbeDecoder(reference, tokenizer)
+        curves["fp32"] = fp32_probe.cost_curve(fp32_probe.config)
+    figures = model_figures(models, curves)
+    for line in figures_lines(figures):
+        console.print(line, highlight=False)
     reports = []
     for rep in range(args.repeats):
         progress_console.print(f"repetition {rep + 1} of {args.repeats}", highlight=False)
         reports.append(run_report(model, tokenizer, settings, prompts, progress=not args.no_progress,
-                                  console=progress_console))
+                                  console=progress_console, reference_model=reference))
     rows = speed_rows(reports, curve)
-    title = (f"probe-mtp bench: {settings.model}, {len(prompts)} prompts, stream {settings.stream}, "
-             f"{settings.max_new_tokens} tokens, {args.repeats} repetitions, {torch.get_num_threads()} threads, "
-             f"memory {'/'.join(settings.memory)}")
+    title = (f"probe-mtp bench: {settings.model} ({reports[0].dtype_label}), {len(prompts)} prompts, stream "
+             f"{settings.stream}, {settings.max_new_tokens} tokens, {args.repeats} repetitions, "
+             f"{torch.get_num_threads()} threads, memory {'/'.join(settings.memory)}")
     console.print(rich_speed_table(rows, title))
     from .outputs import memory_lines
 
     for line in memory_lines(reports[-1].memories):
         console.print(line, highlight=False)
+    peak = peak_memory()
+    console.print(peak_memory_line(peak, models), highlight=False)
     memory = []
     if args.memory_tokens:
         from .memory import MKL_CACHE_SWITCH, compare_memory
 
         with progress_console.status(f"peak memory of {args.memory_tokens}-token generations..."):
             memory = compare_memory(settings.model, list(settings.methods), args.memory_tokens, args.threads,
-                                    mkl_cache=args.mkl_cache)
+                                    mkl_cache=args.mkl_cache, dtype=settings.dtype)
         for m in memory:
             console.print(
-                f"memory {m['method']:>10}: before {m['rss_before_mb']:.0f} MB, peak {m['peak_mb']:.0f} MB "
+                f"memory {m['method']:>10} ({m.get('kernels')}): before {m['rss_before_mb']:.0f} MB, peak {m['peak_mb']:.0f} MB "
                 f"(+{m['peak_growth_mb']:.0f} MB), growth over the second half {m['second_half_growth_mb']:.1f} MB, "
                 f"steady growth {m['steady_growth_mb']:.1f} MB (floor {m['floor_growth_mb']:.1f} MB), {MKL_CACHE_SWITCH}={m.get(MKL_CACHE_SWITCH)}",
                 highlight=False,
@@ -376,25 +408,31 @@ def cmd_bench(args, loaded=None) -> int:
         out = Path(args.out)
         payload = {
             "settings": settings.as_dict(),
+            "environment": reports[0].environment,
             "repeats": args.repeats,
             "cost_curve": curve.as_dict(),
+            "models": figures,
+            "peak_rss_mb": peak,
             "rows": [r.as_dict() for r in rows],
             "memory": memory,
             "reports": [r.as_dict() for r in reports],
         }
         write_files(out, {
             "bench.json": json.dumps(payload, indent=1),
-            "bench.md": f"# {title}\n\n{curve}\n\nMemory: {memory_sentence(settings.memory)}.\n\n"
+            "bench.md": f"# {title}\n\n" + "".join(f"{line}\n\n" for line in figures_lines(figures))
+            + f"Memory: {memory_sentence(settings.memory)}.\n\n"
             + markdown_speed_table(rows)
-            + "".join(f"\n{line}\n" for line in memory_lines(reports[-1].memories)),
+            + "".join(f"\n{line}\n" for line in memory_lines(reports[-1].memories))
+            + f"\n{peak_memory_line(peak, models)}\n",
         })
         console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", highlight=False)
     sys.stdout.flush()
     return 0
 
 
-def bench_batches(args, model, tokenizer, settings, prompts, console, progress_console) -> int:
-    """``probe-mtp bench --batch SIZES``: the batch table alone (bench.json, bench.md)."""
+def bench_batches(args, model, tokenizer, settings, prompts, console, progress_console, reference=None) -> int:
+    """``probe-mtp bench --batch SIZES``: the batch table alone (bench.json, bench.md); with the
+    float32 ``reference`` of a prepared model, the speedup over its ``generate`` too."""
     import json
     import sys
     from pathlib import Path
@@ -402,20 +440,72 @@ def bench_batches(args, model, tokenizer, settings, prompts, console, progress_c
     from .batches import batch_sentence, markdown_batch_table
     from .harness import environment
 
-    rows = run_batches(args, model, tokenizer, settings, prompts, console, progress_console)
+    rows = run_batches(args, model, tokenizer, settings, prompts, console, progress_console, reference)
+    models = {"model": model, "fp32": reference} if reference is not None else {"model": model}
+    peak = peak_memory()
+    console.print(peak_memory_line(peak, models), highlight=False)
     if args.out and args.out != "-":
         out = Path(args.out)
-        env = environment()
-        payload = {"settings": settings.as_dict(), "environment": env, "batches": [r.as_dict() for r in rows]}
+        env = environment(model, reference)
+        payload = {"settings": settings.as_dict(), "environment": env, "models": model_figures(models),
+                   "peak_rss_mb": peak, "batches": [r.as_dict() for r in rows]}
         write_files(out, {
             "bench.json": json.dumps(payload, indent=1),
-            "bench.md": f"# probe-mtp bench --batch: {settings.model}, {len(prompts)} prompts, "
+            "bench.md": f"# probe-mtp bench --batch: {settings.model} ({env['dtype']}), {len(prompts)} prompts, "
             f"{settings.max_new_tokens} new tokens, {env['processor']}, {env['torch_threads']} threads\n\n"
-            + markdown_batch_table(rows) + "\n" + batch_sentence(rows) + "\n",
+            f"kernels: {env['kernels']}\n\n"
+            + markdown_batch_table(rows) + "\n" + batch_sentence(rows) + "\n\n" + peak_memory_line(peak, models) + "\n",
         })
         console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", highlight=False)
     sys.stdout.flush()
     return 0
+
+
+RELATIVE_AT = 16
+"""The bench reports each model's c(16) / c(1): what a 16-input pass costs against a one-token pass."""
+
+
+def model_figures(models: dict, curves: dict | None = None) -> dict:
+    """``{"model": ..., "fp32": ...}`` (the run's model and the float32 reference of a prepared one)
+    -> per model: its dtype and kernels, its weight bytes and, with ``curves``, its cost curve and
+    c(16) / c(1)."""
+    from ..optimize import describe, weight_bytes
+    from .harness import resolved_dtype
+
+    out = {}
+    for key, m in models.items():
+        out[key] = {"dtype": resolved_dtype(m), "kernels": describe(m), "weight_bytes": weight_bytes(m)}
+        curve = (curves or {}).get(key)
+        if curve is not None:
+            out[key].update(cost_curve=curve.as_dict(), cost_curve_text=str(curve),
+                            relative_cost_16=float(curve.relative(RELATIVE_AT)))
+    return out
+
+
+def figures_lines(figures: dict) -> list[str]:
+    """One line per model of :func:`model_figures`: dtype, weights, c(16)/c(1), its cost curve."""
+    lines = []
+    for f in figures.values():
+        line = f"{f['dtype']} ({f['kernels']}): weights {f['weight_bytes'] / 2**20:.1f} MB"
+        if "cost_curve_text" in f:
+            line += f", c({RELATIVE_AT})/c(1) = {f['relative_cost_16']:.2f}; cost curve: {f['cost_curve_text']}"
+        lines.append(line)
+    return lines
+
+
+def peak_memory() -> float:
+    """The process's peak resident memory so far, in MB (``ru_maxrss``: kB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def peak_memory_line(peak_mb: float, models: dict) -> str:
+    """The bench's "peak memory" line: the process's peak RSS and which models it held."""
+    held = " and ".join("the float32 reference" if key == "fp32" else "the run's model" for key in models)
+    return f"peak memory: {peak_mb:.0f} MB (this process's peak resident memory, {held} loaded)"
 
 
 def write_files(out, texts: dict[str, str]) -> None:

@@ -44,7 +44,7 @@ from ..drafters import drafter_class, drafter_names
 from ..prompts import Prompt, balanced_subset, chat_input_ids, load_prompts
 from ..tuned_masks import AUTO_MASKS, BUNDLED, masks_label
 from ..version import __version__
-from .baselines import BASELINES, DEFAULT, GREEDY, HF_PLD
+from .baselines import BASELINES, DEFAULT, GREEDY, GREEDY_FP32, HF_PLD
 from .streams import DEFAULT_STREAM, StreamTurn, build_stream, check_stream
 from .summary import summarize
 
@@ -333,7 +333,7 @@ def _hf_method(model, name: str, label: str, **generate_kwargs) -> Method:
         seconds = time.perf_counter() - t0
         tokens = out[0, ids.shape[1]:].tolist()
         accepted, first = counter.accepted_lengths(ids.shape[1], len(tokens))
-        if accepted is None and name == GREEDY:
+        if accepted is None and name in (GREEDY, GREEDY_FP32):
             accepted, first = [1] * max(0, len(tokens) - 1), 1
         return Run(tokens, seconds, len(counter.cache_lengths), accepted, None, first)
 
@@ -414,14 +414,18 @@ def resolved_masks_label(decoder: ProbeDecoder, choice: str, num_masks: int) -> 
     return label
 
 
-def build_methods(model, tokenizer, settings: ReportSettings) -> list[Method]:
-    """The two baselines, the default configuration (``settings.default``), then each drafter at
-    each budget (a budget-free drafter such as ``ar`` once), each with its own decoder; with both
-    memory modes every probe method twice (labels end in ``warm`` / ``cold``)."""
+def build_methods(model, tokenizer, settings: ReportSettings, reference_model=None) -> list[Method]:
+    """The two baselines, ``model.generate`` on ``reference_model`` (:data:`GREEDY_FP32`: the
+    unprepared float32 model beside a prepared one; only when given), the default configuration
+    (``settings.default``), then each drafter at each budget (a budget-free drafter such as ``ar``
+    once), each with its own decoder; with both memory modes every probe method twice (labels end
+    in ``warm`` / ``cold``)."""
     methods = [
         _hf_method(model, GREEDY, GREEDY),
         _hf_method(model, HF_PLD, HF_PLD, prompt_lookup_num_tokens=settings.hf_pld_tokens),
     ]
+    if reference_model is not None:
+        methods.append(_hf_method(reference_model, GREEDY_FP32, GREEDY_FP32))
     both = len(settings.memory) > 1
     for memory in settings.memory:
         mem_suffix = f" {memory}" if both else ""
@@ -469,6 +473,14 @@ class Report:
         return summarize(self.records, labels=self.methods)
 
     @property
+    def dtype_label(self) -> str:
+        """What the run computed in (the environment's resolved dtype, e.g. ``bfloat16 prepared``),
+        with the requested ``--dtype`` where it says something else (``auto``)."""
+        requested = self.settings["dtype"]
+        resolved = self.environment.get("dtype") or requested
+        return resolved if resolved == requested else f"{resolved}; requested {requested}"
+
+    @property
     def default_labels(self) -> list[str]:
         """The rows of the default configuration (one, or one per memory mode)."""
         seen = []
@@ -512,15 +524,35 @@ class Report:
         }
 
 
-def environment() -> dict:
+def resolved_dtype(model) -> str:
+    """What ``model`` computes in: ``bfloat16 prepared`` (:func:`probe_mtp.optimize`), else its
+    dtype (``float32``, or ``bfloat16`` / ``float16`` with stock kernels)."""
+    from ..optimize import is_optimized
+
+    name = str(model.dtype).removeprefix("torch.")
+    return f"{name} prepared" if is_optimized(model) else name
+
+
+def environment(model=None, reference_model=None) -> dict:
+    """The machine and library versions; with ``model``: the dtype it resolved to
+    (:func:`resolved_dtype`; the settings keep the requested one, e.g. ``auto``) and its kernels
+    (:func:`probe_mtp.optimize.describe`); ``fp32_reference``: the kernels of the float32 model
+    measured beside a prepared one (None without one)."""
     import numpy
     import transformers
+
+    from ..kernels import processor
+    from ..optimize import describe
 
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):  # not on every platform
         load = None
     return {
+        "dtype": resolved_dtype(model) if model is not None else None,
+        "kernels": describe(model) if model is not None else None,
+        "matrix_units": processor().matrix_units,
+        "fp32_reference": describe(reference_model) if reference_model is not None else None,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "cpu_count": os.cpu_count(),
@@ -634,16 +666,19 @@ def run_report(
     prompts: list[Prompt] | None = None,
     progress: bool = True,
     console=None,
+    reference_model=None,
 ) -> Report:
     """Run every method on every prompt turn of the stream (prompt-major, order rotated) and
-    return the records."""
+    return the records.  ``reference_model``: the unprepared float32 model beside a prepared
+    ``model``, measured as the baseline :data:`GREEDY_FP32` (identity is still judged against
+    ``model.generate`` on ``model``)."""
     torch.manual_seed(settings.seed)
     prompts = select_prompts(settings) if prompts is None else prompts
     stream = build_stream(prompts, settings.stream)
-    methods = build_methods(model, tokenizer, settings)
+    methods = build_methods(model, tokenizer, settings, reference_model)
     covered = method_prompts(prompts, settings)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    env = environment()
+    env = environment(model, reference_model)
     t_start = time.perf_counter()
     fixed = [m for m in methods if m.kind == "probe"]
     others = [m for m in methods if m.kind != "probe"]

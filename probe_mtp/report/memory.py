@@ -10,8 +10,11 @@ RSS of each tenth, the memory still resident between passes.  When the passes gr
 generation (repetitive text lets the adaptive budget verify 64-input trees), the median rises
 with the memory held during a pass; the floor shows what is kept.
 
-Run as ``python -m probe_mtp.report.memory --method esp --tokens 1024``; ``compare_memory`` runs it
-for several methods and collects the JSON lines.
+Run as ``python -m probe_mtp.report.memory --method esp --tokens 1024 --dtype auto``;
+``compare_memory`` runs it for several methods and collects the JSON lines.  The model is loaded as
+the run loaded it (``--dtype``: ``auto`` prepares it by :func:`probe_mtp.optimize` where the
+processor has bf16 matrix units), so a prepared run measures the prepared model; each result names
+the kernels it ran on.
 
 MKL (torch's CPU BLAS) keeps a cache of work buffers for large matrix products and never returns
 it: after one output-layer product of 63 or more rows on Gemma 3's 262k-token vocabulary, 67-210 MB
@@ -69,19 +72,25 @@ class RssSampler:
         self._thread.join()
 
 
-def measure(model_name: str, method: str, tokens: int, threads: int | None, loaded=None) -> dict:
+def measure(model_name: str, method: str, tokens: int, threads: int | None, loaded=None,
+            dtype="float32") -> dict:
     """One generation of ``tokens`` tokens by ``method`` (``"generate"`` or a drafter name), RSS
-    sampled throughout; ``loaded``: the (model, tokenizer) already loaded, else loaded here."""
+    sampled throughout; ``loaded``: the (model, tokenizer) already loaded, else loaded here in
+    ``dtype`` (a torch dtype, its name, or ``"auto"``)."""
     import torch
 
     from ..loading import load_model
     from ..decoder import ProbeDecoder
     from ..heap import heap_trimmer
+    from ..optimize import describe
+    from ..options import parse_dtype
     from ..prompts import balanced_subset, chat_input_ids, load_prompts
 
     if threads:
         torch.set_num_threads(threads)
-    model, tok = loaded if loaded is not None else load_model(model_name)
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    model, tok = loaded if loaded is not None else load_model(model_name, dtype=dtype)
     prompt = balanced_subset(load_prompts(), 1, ("mt_bench",))[0]
     ids = chat_input_ids(tok, [{"role": "user", "content": prompt.turns[0]}])
     decoder = ProbeDecoder(model, tok)
@@ -111,6 +120,7 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None, load
     last_tenth = sorted(r for _, r in samples[-tenth:])
     return {
         "method": method,
+        "kernels": describe(model),
         "new_tokens": int(out.shape[1] - ids.shape[1]),
         "rss_before_mb": before / 2**20,
         "peak_mb": max(r for _, r in samples) / 2**20,
@@ -125,16 +135,17 @@ def measure(model_name: str, method: str, tokens: int, threads: int | None, load
 
 
 def compare_memory(model_name: str, methods: list[str], tokens: int, threads: int | None = None,
-                   mkl_cache: bool = False) -> list[dict]:
-    """Run :func:`measure` for ``generate`` and each method, each in a fresh Python process (with
-    MKL's buffer cache off unless ``mkl_cache``; see the module docstring)."""
+                   mkl_cache: bool = False, dtype: str = "float32") -> list[dict]:
+    """Run :func:`measure` for ``generate`` and each method, each in a fresh Python process, the
+    model loaded in ``dtype`` (a ``--dtype`` name: ``auto``, ``float32``, ...; with MKL's buffer
+    cache off unless ``mkl_cache``; see the module docstring)."""
     env = dict(os.environ)
     if not mkl_cache:
         env.setdefault(MKL_CACHE_SWITCH, "1")
     results = []
     for method in ["generate", *methods]:
         cmd = [sys.executable, "-m", "probe_mtp.report.memory", "--model", model_name, "--method", method,
-               "--tokens", str(tokens)]
+               "--tokens", str(tokens), "--dtype", str(dtype).removeprefix("torch.")]
         if threads:
             cmd += ["--threads", str(threads)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
@@ -150,8 +161,9 @@ def main(argv=None) -> int:
     p.add_argument("--method", default="generate", help="generate, or a probe-mtp drafter name")
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dtype", default="float32", help="auto, float32, bfloat16 or float16 (default float32)")
     args = p.parse_args(argv)
-    print(json.dumps(measure(args.model, args.method, args.tokens, args.threads)))
+    print(json.dumps(measure(args.model, args.method, args.tokens, args.threads, dtype=args.dtype)))
     return 0
 
 

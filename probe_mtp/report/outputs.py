@@ -15,8 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .baselines import GREEDY_FP32
 from .harness import GREEDY, HF_PLD, Report
-from .summary import INTERVAL_METHOD, OVERALL, fixed_budget_note, pass_sizes, verdict
+from .summary import INTERVAL_METHOD, OVERALL, fixed_budget_note, fp32_agreement, pass_sizes, verdict
 
 RECORD_FIELDS = (
     "method",
@@ -107,6 +108,23 @@ def _labels(summary: list[dict]) -> list[str]:
     return out
 
 
+def kernels_line(report: Report) -> str | None:
+    """The kernels the model computed with, the processor's bf16 matrix units and the float32
+    baseline's kernels (None for a report that predates them)."""
+    env = report.environment
+    if not env.get("kernels"):
+        return None
+    line = f"kernels: {env['kernels']}; bf16 matrix units: {env.get('matrix_units') or 'none'}"
+    if env.get("fp32_reference"):
+        line += f"; {GREEDY_FP32}: {env['fp32_reference']}"
+    return line
+
+
+def has_fp32(report: Report) -> bool:
+    """Whether the run measured the float32 baseline (a prepared model)."""
+    return GREEDY_FP32 in report.methods
+
+
 TASK_SHORT = {"mt_bench": "mt", "translation": "trans", "summarization": "summ", "qa": "qa",
               "math_reasoning": "math", "rag": "rag", OVERALL: "all"}
 
@@ -179,6 +197,8 @@ def _markdown_default(report: Report, summary: list[dict]) -> list[str]:
     labels, tasks, by = _default_rows(report, summary)
     if not labels:
         return []
+    fp32 = has_fp32(report)
+    agreement = fp32_agreement(summary)
     lines = [
         "",
         "## The default configuration",
@@ -188,18 +208,24 @@ def _markdown_default(report: Report, summary: list[dict]) -> list[str]:
         "line changes it. " + default_description(report) + ".",
         "",
         f"Memory: {memory_sentence(report.settings.get('memory'))}.",
+        *(["", f"{agreement[0].upper()}{agreement[1:]}."] if agreement else []),
         "",
-        "| task | method | turns | tau | speedup vs generate | 95% interval | speedup vs hf-pld | identical to greedy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| task | method | turns | tau | speedup vs generate | 95% interval | speedup vs hf-pld | "
+        + ("speedup vs generate fp32 | 95% interval | " if fp32 else "") + "identical to greedy |",
+        "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if fp32 else "") + " --- |",
     ]
     for task in tasks:
-        for label in [HF_PLD, *labels]:
+        for label in [HF_PLD, *([GREEDY_FP32] if fp32 else []), *labels]:
             row = by.get((task, label))
             if row is None:
                 continue
-            vs_pld = "" if label == HF_PLD else fmt(row["speedup_vs_hf_pld"], suffix="x")
-            lines.append(f"| {task} | {label} | {row['n']} | {fmt(row['tau'])} | {fmt(row['speedup_vs_greedy'], suffix='x')} | "
-                         f"{_interval(row)} | {vs_pld} | {_identical(row)} |")
+            baseline = label in (HF_PLD, GREEDY_FP32)
+            cells = [task, label, str(row["n"]), fmt(row["tau"]), fmt(row["speedup_vs_greedy"], suffix="x"),
+                     _interval(row), "" if baseline else fmt(row["speedup_vs_hf_pld"], suffix="x")]
+            if fp32:
+                cells += ["", ""] if baseline else [fmt(row["speedup_vs_fp32"], suffix="x"),
+                                                    _interval(row, "speedup_vs_fp32")]
+            lines.append("| " + " | ".join(cells + [_identical(row)]) + " |")
     lines += ["", f"Intervals: {INTERVAL_METHOD}."]
     return lines
 
@@ -216,13 +242,18 @@ def _markdown_batches(rows: list[dict]) -> list[str]:
     """``--batch``: the default decoder on left-padded batches (ratios; the tokens/s are in report.json)."""
     if not rows:
         return []
+    fp32 = any(r.get("speedup_vs_fp32") is not None for r in rows)
     lines = ["", "## Batches", "",
              "The prompts' first turns as left-padded batches, the default decoder against `model.generate` on "
-             "the same batches (greedy, row for row identical is checked per batch).", "",
-             "| batch | batches | speedup [95% interval] | tau | identical |", "| --- | --- | --- | --- | --- |"]
+             "the same batches (greedy, row for row identical is checked per batch)"
+             + (", and against `model.generate` on the float32 model" if fp32 else "") + ".", "",
+             "| batch | batches | speedup [95% interval] | " + ("vs generate fp32 [95% interval] | " if fp32 else "")
+             + "tau | identical |", "| --- | --- | --- | --- | --- |" + (" --- |" if fp32 else "")]
     for r in rows:
+        vs_fp32 = (f" {r['speedup_vs_fp32']:.2f}x [{r['speedup_vs_fp32_low']:.2f}, {r['speedup_vs_fp32_high']:.2f}] |"
+                   if fp32 else "")
         lines.append(f"| {r['batch']} | {r['batches']} | {r['speedup']:.2f}x [{r['speedup_low']:.2f}, "
-                     f"{r['speedup_high']:.2f}] | {r['tau']:.2f} | {r['identical']}/{r['batches']} |")
+                     f"{r['speedup_high']:.2f}] |{vs_fp32} {r['tau']:.2f} | {r['identical']}/{r['batches']} |")
     return lines
 
 
@@ -238,14 +269,17 @@ def markdown_summary(report: Report) -> str:
     lines += [f"**{line}**" for line in verdict_lines(report, summary)]
     lines += [
         "",
-        f"- model: `{s['model']}` ({s['dtype']}), {s['max_new_tokens']} new tokens per turn, "
+        f"- model: `{s['model']}` ({report.dtype_label}), {s['max_new_tokens']} new tokens per turn, "
         f"{n_turns} prompt turns (up to {s['limit'] or 'all'} prompts per task"
         + (f"; the equal-budget methods on the first {s['method_limit']} per task" if s.get("method_limit") else "")
         + f"), seed {s['seed']}" + (", `--full`" if s.get("full") else ""),
         f"- methods: {', '.join(report.methods)}; budgets (BC) of the equal-budget comparison: "
         f"{', '.join(str(b) for b in s['budgets'])}; masks per node k = {s['num_masks']}",
         f"- reference: `{GREEDY}` is `model.generate(do_sample=False)`; `{HF_PLD}` is transformers' prompt lookup "
-        f"(`prompt_lookup_num_tokens={s['hf_pld_tokens']}`); both measured in this run, on the same prompts",
+        f"(`prompt_lookup_num_tokens={s['hf_pld_tokens']}`)"
+        + (f"; `{GREEDY_FP32}` is `model.generate(do_sample=False)` on the unprepared float32 model" if has_fp32(report)
+           else "") + "; all measured in this run, on the same prompts",
+        *([f"- {kernels_line(report)}"] if kernels_line(report) else []),
         f"- memory: {memory_sentence(s.get('memory'))}",
         f"- torch {env['torch']} ({env['torch_threads']} threads), transformers {env['transformers']}, "
         f"probe-mtp {env['probe_mtp']}, python {env['python']}"
@@ -268,26 +302,31 @@ def markdown_summary(report: Report) -> str:
         "",
         "## Overall",
         "",
-        "| method | tau | tokens/pass | speedup vs generate | speedup vs hf-pld | identical to greedy | agreement |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| method | tau | tokens/pass | speedup vs generate | speedup vs hf-pld | "
+        + ("speedup vs generate fp32 | " if has_fp32(report) else "") + "identical to greedy | agreement |",
+        "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if has_fp32(report) else ""),
     ]
     for row in summary:
         if row["task"] == OVERALL:
+            vs_fp32 = f" {fmt(row.get('speedup_vs_fp32'), suffix='x')} |" if has_fp32(report) else ""
             lines.append(
                 f"| {row['label']} | {fmt(row['tau'])} | {fmt(row['tokens_per_pass'])} | "
-                f"{fmt(row['speedup_vs_greedy'], suffix='x')} | {fmt(row['speedup_vs_hf_pld'], suffix='x')} | "
+                f"{fmt(row['speedup_vs_greedy'], suffix='x')} | {fmt(row['speedup_vs_hf_pld'], suffix='x')} |{vs_fp32} "
                 f"{_identical(row)} | {fmt(row.get('agreement'), 3)} |"
             )
     tasks = _tasks(summary)
     labels = _labels(summary)
     by = {(row["task"], row["label"]): row for row in summary}
-    for title, key, suffix in (
+    per_task = [
         ("Mean accepted length (tau) per task", "tau", ""),
         ("Speedup over model.generate greedy per task", "speedup_vs_greedy", "x"),
         ("Speedup over transformers' prompt lookup per task", "speedup_vs_hf_pld", "x"),
         ("Identical to greedy per task", None, ""),
         ("Agreement with greedy per task (fraction of equal tokens)", "agreement", ""),
-    ):
+    ]
+    if has_fp32(report):
+        per_task.insert(3, ("Speedup over model.generate on the float32 model per task", "speedup_vs_fp32", "x"))
+    for title, key, suffix in per_task:
         lines += ["", f"## {title}", "", "| method | " + " | ".join(tasks) + " |", "| --- |" + " --- |" * len(tasks)]
         for label in labels:
             cells = []
@@ -369,8 +408,8 @@ def _styled_speed(value, label: str) -> str:
 
 
 def _styled_identical(row: dict) -> str:
-    ident = _identical(row)
-    return ident if row["all_identical"] else f"[red]{ident}[/red]"
+    ident = _identical(row)  # the float32 baseline's differences are rounding, not losses: never red
+    return ident if row["all_identical"] or row["label"] == GREEDY_FP32 else f"[red]{ident}[/red]"
 
 
 def default_table(report: Report, summary: list[dict] | None = None):
@@ -386,14 +425,17 @@ def default_table(report: Report, summary: list[dict] | None = None):
     table = Table(
         title=f"probe-mtp default configuration (probe_mtp.generate as it comes: hybrid, budget auto, masks auto, "
         f"memory {'/'.join(s.get('memory') or ['warm'])}) against model.generate greedy and transformers' prompt lookup: "
-        f"{s['model']} ({s['dtype']}), {s['max_new_tokens']} new tokens per turn, same prompts, same run",
+        f"{s['model']} ({report.dtype_label}), {s['max_new_tokens']} new tokens per turn, same prompts, same run"
+        + (f"; {GREEDY_FP32}: model.generate on the unprepared float32 model" if has_fp32(report) else ""),
         title_justify="left",
     )
     many = len(labels) > 1
+    fp32 = has_fp32(report)
     columns = [("task", "left")] + ([("decoder", "left")] if many else []) + [
-        ("turns", "right"), ("generate tok/s", "right"), ("prompt lookup tok/s", "right"), ("default tok/s", "right"),
+        ("turns", "right"), ("generate tok/s", "right"), *([("generate fp32 tok/s", "right")] if fp32 else []),
+        ("prompt lookup tok/s", "right"), ("default tok/s", "right"),
         ("tau", "right"), ("x generate", "right"), ("95% interval", "right"), ("x prompt lookup", "right"),
-        ("identical", "right"),
+        *([("x generate fp32", "right")] if fp32 else []), ("identical", "right"),
     ]
     for col, justify in columns:
         table.add_column(col, justify=justify)
@@ -401,6 +443,7 @@ def default_table(report: Report, summary: list[dict] | None = None):
         if task == OVERALL:
             table.add_section()
         greedy, pld = by.get((task, GREEDY)) or {}, by.get((task, HF_PLD)) or {}
+        reference = by.get((task, GREEDY_FP32)) or {}
         for label in labels:
             row = by.get((task, label))
             if row is None:
@@ -409,12 +452,14 @@ def default_table(report: Report, summary: list[dict] | None = None):
             cells = [name] + ([label] if many else []) + [
                 str(row["n"]),
                 fmt(greedy.get("tokens_per_second"), 1),
+                *([fmt(reference.get("tokens_per_second"), 1)] if fp32 else []),
                 fmt(pld.get("tokens_per_second"), 1),
                 fmt(row["tokens_per_second"], 1),
                 fmt(row["tau"]),
                 _styled_speed(row["speedup_vs_greedy"], label),
                 _interval(row),
                 fmt(row["speedup_vs_hf_pld"], suffix="x"),
+                *([_styled_speed(row.get("speedup_vs_fp32"), label)] if fp32 else []),
                 _styled_identical(row),
             ]
             table.add_row(*cells)
@@ -431,7 +476,7 @@ def equal_budget_table(report: Report, summary: list[dict] | None = None):
     fixed = report.fixed_labels
     if not fixed:
         return None
-    labels = [GREEDY, HF_PLD, *fixed]
+    labels = [GREEDY, HF_PLD, *([GREEDY_FP32] if has_fp32(report) else []), *fixed]
     by = {(row["task"], row["label"]): row for row in summary}
     tasks = [t for t in _tasks([r for r in summary if r["label"] in fixed]) if t != OVERALL]
     s = report.settings
@@ -470,7 +515,7 @@ def rich_table(report: Report):
 
     s = report.settings
     table = Table(
-        title=f"probe-mtp report: {s['model']} ({s['dtype']}), {s['max_new_tokens']} new tokens per turn; "
+        title=f"probe-mtp report: {s['model']} ({report.dtype_label}), {s['max_new_tokens']} new tokens per turn; "
         f"x generate / x hf-pld: speedup over model.generate greedy / transformers' prompt lookup, same run",
         title_justify="left",
     )
@@ -517,11 +562,15 @@ def print_report(report: Report, console) -> None:
     """What ``probe-mtp report`` prints: the default configuration's table and verdict first, then
     the equal-budget table with the sentence that reads it."""
     summary = report.summary
+    if kernels_line(report):
+        console.print(f"{report.settings['model']}, {report.dtype_label}: {kernels_line(report)}", highlight=False)
     first = default_table(report, summary)
     if first is not None:
         console.print(first)
         for line in verdict_lines(report, summary):
             console.print(f"[bold]{line}[/bold]", highlight=False)
+        if fp32_agreement(summary):
+            console.print(f"{fp32_agreement(summary)}.", highlight=False)
         console.print(f"{default_description(report)}. Memory: {memory_sentence(report.settings.get('memory'))}. "
                       f"Intervals: {INTERVAL_METHOD}.", highlight=False)
     second = equal_budget_table(report, summary)

@@ -2,9 +2,9 @@
 figure state is touched, so this is safe inside notebooks and servers).
 
 The first figure, ``default_speedup.png``, is the default configuration beside transformers'
-prompt lookup: speedup over ``model.generate`` per task and overall, with 95% intervals; the
-others (tau, speedup, accepted lengths) show every method, the default configuration right after
-the baselines."""
+prompt lookup (and ``model.generate`` on the float32 model, beside a prepared one): speedup over
+``model.generate`` per task and overall, with 95% intervals; the others (tau, speedup, accepted
+lengths) show every method, the default configuration right after the baselines."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .baselines import GREEDY_FP32
 from .harness import GREEDY, HF_PLD, Report
 from .summary import OVERALL, accepted_length_counts
 
@@ -46,7 +47,7 @@ def _default_plot(report: Report, summary: list[dict], title: str, out_dir: Path
     for row in summary:
         if row["label"] in labels and row["task"] not in tasks:
             tasks.append(row["task"])
-    shown = [HF_PLD, *labels]
+    shown = [HF_PLD, *([GREEDY_FP32] if GREEDY_FP32 in report.methods else []), *labels]
     fig = Figure(figsize=(max(7, 1.2 * len(tasks) + 2), 4.5))
     ax = fig.add_subplot()
     width = 0.8 / len(shown)
@@ -62,7 +63,8 @@ def _default_plot(report: Report, summary: list[dict], title: str, out_dir: Path
             ys.append(value)
             errs[0].append(max(0.0, value - low) if low is not None else 0.0)
             errs[1].append(max(0.0, high - value) if high is not None else 0.0)
-        name = "transformers' prompt lookup" if label == HF_PLD else f"probe-mtp {label}"
+        name = {HF_PLD: "transformers' prompt lookup", GREEDY_FP32: "model.generate, float32 model"}.get(
+            label, f"probe-mtp {label}")
         bars = ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=name)
         ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=2)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
@@ -90,7 +92,7 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
             tasks.append(row["task"])
     by = {(row["task"], row["label"]): row for row in summary}
     others = [m for m in report.methods if m != GREEDY]
-    title = f"{report.settings['model']} ({report.settings['dtype']}), {report.settings['max_new_tokens']} new tokens"
+    title = f"{report.settings['model']} ({report.dtype_label}), {report.settings['max_new_tokens']} new tokens"
     written = []
     first = _default_plot(report, summary, title, out_dir)
     if first is not None:

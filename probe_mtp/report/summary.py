@@ -7,8 +7,10 @@ For a method (a record ``label``) over a set of prompt turns:
   :class:`probe_mtp.decoder.DecodeStats` (None where a record has no accepted lengths);
 - ``tokens_per_pass`` = new tokens / forward passes (prefill included);
 - ``tokens_per_second`` = new tokens / seconds (prefill included);
-- ``speedup_vs_greedy`` / ``speedup_vs_hf_pld`` = total seconds of the baseline over the same
-  prompt turns / total seconds of the method (turns the baseline lacks are left out of both sums);
+- ``speedup_vs_greedy`` / ``speedup_vs_hf_pld`` / ``speedup_vs_fp32`` = total seconds of the
+  baseline (``model.generate``, transformers' prompt lookup, ``model.generate`` on the unprepared
+  float32 model beside a prepared one: None without its records) over the same prompt turns / total
+  seconds of the method (turns the baseline lacks are left out of both sums);
   ``*_low`` / ``*_high``: its 95% interval over prompt turns, a paired percentile bootstrap
   (:func:`ratio_interval`: resample the turns with replacement, the ratio of the summed times of
   each resample; 2000 resamples, seed 0), so the interval reflects how much the speedup varies
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .baselines import DEFAULT, GREEDY, HF_PLD
+from .baselines import DEFAULT, GREEDY, GREEDY_FP32, HF_PLD
 
 OVERALL = "overall"
 INTERVAL_LEVEL = 0.95
@@ -77,8 +79,11 @@ def _interval(baseline: dict[tuple, float], rs: list[dict]) -> tuple[float | Non
     return ratio_interval(pairs) or (None, None)
 
 
-def aggregate(rs: list[dict], greedy_seconds: dict[tuple, float], pld_seconds: dict[tuple, float]) -> dict:
-    """One summary row for the records ``rs`` of one method (see the module docstring)."""
+def aggregate(rs: list[dict], greedy_seconds: dict[tuple, float], pld_seconds: dict[tuple, float],
+              fp32_seconds: dict[tuple, float] | None = None) -> dict:
+    """One summary row for the records ``rs`` of one method (see the module docstring);
+    ``fp32_seconds``: the float32 baseline's seconds per turn (None or empty: no such baseline)."""
+    fp32_seconds = fp32_seconds or {}
     n = len(rs)
     new_tokens = sum(int(r["new_tokens"]) for r in rs)
     seconds = sum(float(r["seconds"]) for r in rs)
@@ -99,6 +104,7 @@ def aggregate(rs: list[dict], greedy_seconds: dict[tuple, float], pld_seconds: d
         agreement = sum(m for m, _ in counts) / compared if compared else 1.0
     greedy_low, greedy_high = _interval(greedy_seconds, rs)
     pld_low, pld_high = _interval(pld_seconds, rs)
+    fp32_low, fp32_high = _interval(fp32_seconds, rs)
     return {
         "n": n,
         "new_tokens": new_tokens,
@@ -114,6 +120,9 @@ def aggregate(rs: list[dict], greedy_seconds: dict[tuple, float], pld_seconds: d
         "speedup_vs_hf_pld": _ratio(pld_seconds, rs),
         "speedup_vs_hf_pld_low": pld_low,
         "speedup_vs_hf_pld_high": pld_high,
+        "speedup_vs_fp32": _ratio(fp32_seconds, rs),
+        "speedup_vs_fp32_low": fp32_low,
+        "speedup_vs_fp32_high": fp32_high,
         "identical": identical,
         "all_identical": identical == n,
         "agreement": agreement,
@@ -139,6 +148,7 @@ def summarize(records: list[dict], labels: list[str] | None = None) -> list[dict
         subset = records if task == OVERALL else [r for r in records if r["task"] == task]
         greedy = _baseline_seconds(subset, GREEDY)
         pld = _baseline_seconds(subset, HF_PLD)
+        fp32 = _baseline_seconds(subset, GREEDY_FP32)
         for label in labels:
             rs = [r for r in subset if r["label"] == label]
             if not rs:
@@ -152,7 +162,7 @@ def summarize(records: list[dict], labels: list[str] | None = None) -> list[dict
                     "kind": first.get("kind"),
                     "budget": first.get("budget"),
                     "num_masks": first.get("num_masks"),
-                    **aggregate(rs, greedy, pld),
+                    **aggregate(rs, greedy, pld, fp32),
                 }
             )
     return rows
@@ -194,14 +204,23 @@ def _versus(low, high) -> str:
 _PHRASES = {"faster": "faster than {}", "slower": "slower than {}", "unclear": "not clearly faster or slower than {}"}
 
 
+_ALL = {2: ("both", "either"), 3: ("all three", "any of them")}
+
+
 def _in_words(versus: list[tuple[str, str]]) -> str:
-    """``[("faster", "model.generate"), ...]`` -> ``faster than both`` and the like."""
+    """``[("faster", "model.generate"), ...]`` -> ``faster than both`` (``all three``) and the like."""
     kinds = {kind for kind, _ in versus}
-    if len(versus) > 1 and len(kinds) == 1:
-        kind = kinds.pop()
-        return {"faster": "faster than both", "slower": "slower than both",
-                "unclear": "not clearly faster or slower than either"}[kind]
+    if len(versus) in _ALL and len(kinds) == 1:
+        every, each = _ALL[len(versus)]
+        return {"faster": f"faster than {every}", "slower": f"slower than {every}",
+                "unclear": f"not clearly faster or slower than {each}"}[kinds.pop()]
     return ", ".join(_PHRASES[kind].format(name) for kind, name in versus)
+
+
+def _span(row: dict, key: str) -> str:
+    """`` (95% interval 1.22-1.40)`` for ``row[key]``'s interval, empty without one."""
+    low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+    return f" (95% interval {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
 
 
 def verdict(summary: list[dict], label: str = DEFAULT, memory: str | None = None) -> str | None:
@@ -209,23 +228,37 @@ def verdict(summary: list[dict], label: str = DEFAULT, memory: str | None = None
     ``default decoder: 1.31x model.generate (95% interval 1.22-1.40), identical on 12/12; 1.18x
     transformers' prompt lookup: faster than both``.  "Faster" / "slower" only where the 95%
     interval lies wholly above / below 1 (none for a single prompt turn);
-    ``memory`` ("warm" / "cold") is named after "default decoder".  None when the summary has no
-    overall row for ``label``."""
+    ``memory`` ("warm" / "cold") is named after "default decoder".  With a float32 baseline (a
+    prepared model) it adds e.g. ``; 2.10x float32 model.generate (95% interval 1.95-2.25)``.
+    None when the summary has no overall row for ``label``."""
     row = next((r for r in summary if r["task"] == OVERALL and r["label"] == label), None)
     if row is None or row["speedup_vs_greedy"] is None:
         return None
     name = "default decoder" if label.startswith(DEFAULT) else label
     if memory:
         name += f" ({memory})"
-    low, high = row.get("speedup_vs_greedy_low"), row.get("speedup_vs_greedy_high")
-    span = f" (95% interval {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
+    span = _span(row, "speedup_vs_greedy")
     text = f"{name}: {row['speedup_vs_greedy']:.2f}x model.generate{span}, identical on {row['identical']}/{row['n']}"
-    versus = [(_versus(low, high), "model.generate")]
-    if row.get("speedup_vs_hf_pld") is not None:
-        text += f"; {row['speedup_vs_hf_pld']:.2f}x transformers' prompt lookup"
-        versus.append((_versus(row.get("speedup_vs_hf_pld_low"), row.get("speedup_vs_hf_pld_high")),
-                       "transformers' prompt lookup"))
+    versus = [(_versus(row.get("speedup_vs_greedy_low"), row.get("speedup_vs_greedy_high")), "model.generate")]
+    for key, baseline, interval in (("speedup_vs_hf_pld", "transformers' prompt lookup", False),
+                                    ("speedup_vs_fp32", "float32 model.generate", True)):
+        if row.get(key) is not None:
+            text += f"; {row[key]:.2f}x {baseline}" + (_span(row, key) if interval else "")
+            versus.append((_versus(row.get(f"{key}_low"), row.get(f"{key}_high")), baseline))
     return f"{text}: {_in_words(versus)}"
+
+
+def fp32_agreement(summary: list[dict]) -> str | None:
+    """How often ``model.generate`` on the unprepared float32 model gave what it gives on the
+    prepared bf16 model (the float32 baseline's overall row), in words; None without that baseline."""
+    row = next((r for r in summary if r["task"] == OVERALL and r["label"] == GREEDY_FP32), None)
+    if row is None:
+        return None
+    agreement = row.get("agreement")
+    share = f", {agreement:.3f} of tokens equal at the same position" if agreement is not None else ""
+    return (f"stock float32 against prepared bf16: model.generate on the float32 model is identical to model.generate "
+            f"on the prepared model on {row['identical']}/{row['n']} turns{share} (rounding differences; probe-mtp is "
+            "judged against, and exact on, the prepared model)")
 
 
 DEFAULT_CONFIGURATION = (
@@ -235,12 +268,13 @@ DEFAULT_CONFIGURATION = (
 
 
 def default_section(records: list[dict], summary: list[dict], labels: list[str]) -> dict | None:
-    """report.json's ``default`` section: the default configuration beside the two baselines,
-    per task and overall, with the verdict line, the budgets the adaptive budget chose, the masks
+    """report.json's ``default`` section: the default configuration beside the baselines (the
+    float32 one too on a prepared model, with ``fp32_agreement``), per task and overall, with the
+    verdict line, the budgets the adaptive budget chose, the masks
     and the memory the decoder used."""
     if not labels:
         return None
-    rows = [r for r in summary if r["label"] in (GREEDY, HF_PLD, *labels)]
+    rows = [r for r in summary if r["label"] in (GREEDY, HF_PLD, GREEDY_FP32, *labels)]
     runs = {}
     for label in labels:
         mine = [r for r in records if r["label"] == label]
@@ -260,6 +294,7 @@ def default_section(records: list[dict], summary: list[dict], labels: list[str])
         "masks": first["masks"],
         "pass_sizes": first["pass_sizes"],
         "verdict": first["verdict"],
+        "fp32_agreement": fp32_agreement(summary),
         "runs": runs,
         "interval": INTERVAL_METHOD,
         "summary": rows,

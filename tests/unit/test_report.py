@@ -13,7 +13,7 @@ import pytest
 
 from probe_mtp.drafters import DRAFTERS
 from probe_mtp.cli import main
-from probe_mtp.report import GREEDY, HF_PLD, Report, resolve_methods, summarize, write_outputs
+from probe_mtp.report import GREEDY, GREEDY_FP32, HF_PLD, Report, resolve_methods, summarize, write_outputs
 from probe_mtp.report.baselines import DEFAULT
 from probe_mtp.cost import CostCurve
 from probe_mtp.report.bench import _bound
@@ -80,12 +80,13 @@ def _rec(label, task, qid, seconds, lengths, new=None, passes=None, identical=Tr
          inputs=None):
     new = (sum(lengths) + 1) if new is None else new
     default = label == DEFAULT
+    baseline = label in (GREEDY, HF_PLD, GREEDY_FP32)
     return {
         "method": method or label.split(" ")[0],
         "label": label,
-        "kind": "baseline" if label in (GREEDY, HF_PLD) else "default" if default else "probe",
-        "budget": None if label in (GREEDY, HF_PLD) else "auto" if default else 30,
-        "num_masks": None if label in (GREEDY, HF_PLD) else 1,
+        "kind": "baseline" if baseline else "default" if default else "probe",
+        "budget": None if baseline else "auto" if default else 30,
+        "num_masks": None if baseline else 1,
         "task": task,
         "category": task,
         "question_id": qid,
@@ -106,7 +107,7 @@ def _rec(label, task, qid, seconds, lengths, new=None, passes=None, identical=Tr
         "identical_to_greedy": identical,
         "first_mismatch": None if identical else 0,
         "masks": "bundled:smollm2-135m" if default else None,
-        "memory": None if label in (GREEDY, HF_PLD) else "warm",
+        "memory": None if baseline else "warm",
         "acceptance": "verify",
         "matching_tokens": new if identical else 1,
         "compared_tokens": new,
@@ -191,11 +192,20 @@ VERDICT = ("default decoder (warm): 2.00x model.generate (95% interval 2.00-2.00
            "transformers' prompt lookup")
 
 
-def _hand_made_report() -> Report:
+def _hand_made_report(fp32: bool = False) -> Report:
+    """The hand-made records as a report; ``fp32``: with the float32 baseline of a prepared model
+    (twice model.generate's time on every turn; one of its outputs differs)."""
     settings = ReportSettings(methods=("esp",), max_new_tokens=8).as_dict()
     env = {k: (1 if t is int or t == OPT_INT else None if isinstance(t, tuple) else "x") for k, t in ENVIRONMENT_TYPES.items()}
-    return Report(settings, env, HAND_MADE + DEFAULT_RECS, "2026-01-01T00:00:00+00:00", 1.5,
-                  [GREEDY, HF_PLD, DEFAULT, "esp BC=30"], {30: 2.25})
+    records, methods = HAND_MADE + DEFAULT_RECS, [GREEDY, HF_PLD, DEFAULT, "esp BC=30"]
+    if fp32:
+        env.update(dtype="bfloat16 prepared", kernels="bfloat16, packed", fp32_reference="float32, stock kernels")
+        settings["dtype"] = "auto"
+        records = records + [_rec(GREEDY_FP32, r["task"], r["question_id"], 2 * r["seconds"], [1] * (r["new_tokens"] - 1),
+                                  turn=r["turn"], identical=r["question_id"] != 2)
+                             for r in HAND_MADE if r["label"] == GREEDY]
+        methods.insert(2, GREEDY_FP32)
+    return Report(settings, env, records, "2026-01-01T00:00:00+00:00", 1.5, methods, {30: 2.25})
 
 
 def test_outputs_from_hand_made_records(tmp_path):
@@ -348,7 +358,69 @@ def test_memory_comparison_runs_each_method_in_a_fresh_process(monkeypatch, mkl_
         return subprocess.CompletedProcess(cmd, 0, stdout=f"noise\n{line}\n", stderr="")
 
     monkeypatch.setattr(memory.subprocess, "run", fake_run)
-    results = memory.compare_memory("smollm2-135m", ["esp", "hybrid"], tokens=8, threads=2, mkl_cache=mkl_cache)
+    results = memory.compare_memory("smollm2-135m", ["esp", "hybrid"], tokens=8, threads=2, mkl_cache=mkl_cache,
+                                    dtype="auto")
     assert [r["method"] for r in results] == ["generate", "esp", "hybrid"]
     assert all(r[memory.MKL_CACHE_SWITCH] == expected for r in results)
     assert all(cmd[:3] == [sys.executable, "-m", "probe_mtp.report.memory"] and "--threads" in cmd for cmd, _ in calls)
+    # the model as the run loaded it: prepared where --dtype auto prepares it
+    assert all(cmd[cmd.index("--dtype") + 1] == "auto" for cmd, _ in calls)
+
+
+# --------------------------------------------------------------------------- the float32 baseline of a prepared model
+
+
+FP32_VERDICT = (VERDICT.removesuffix(": faster than model.generate, not clearly faster or slower than transformers' "
+                                     "prompt lookup")
+                + "; 4.00x float32 model.generate (95% interval 4.00-4.00): faster than model.generate, not clearly "
+                "faster or slower than transformers' prompt lookup, faster than float32 model.generate")
+
+
+def test_float32_baseline_speedup_interval_and_verdict(tmp_path):
+    report = _hand_made_report(fp32=True)
+    rows = {(r["task"], r["label"]): r for r in report.summary}
+    default = rows[(OVERALL, DEFAULT)]
+    assert default["speedup_vs_fp32"] == pytest.approx(4.0)  # twice generate's time, half of it
+    assert (default["speedup_vs_fp32_low"], default["speedup_vs_fp32_high"]) == pytest.approx((4.0, 4.0))
+    assert rows[(OVERALL, "esp BC=30")]["speedup_vs_fp32"] == pytest.approx(28.0 / 9.0)
+    fp32 = rows[(OVERALL, GREEDY_FP32)]
+    assert fp32["speedup_vs_greedy"] == pytest.approx(0.5) and (fp32["identical"], fp32["n"]) == (3, 4)
+    # the old keys unchanged, and None where no float32 baseline ran
+    assert default["speedup_vs_greedy"] == pytest.approx(2.0)
+    assert all(r["speedup_vs_fp32"] is None and r["speedup_vs_fp32_low"] is None for r in summarize(HAND_MADE + DEFAULT_RECS))
+    assert verdict(report.summary, DEFAULT, "warm") == FP32_VERDICT
+    write_outputs(report, tmp_path / "out", plots=True)
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    check_schema(doc)
+    assert doc["default"]["verdict"] == FP32_VERDICT
+    assert doc["default"]["fp32_agreement"].startswith(
+        "stock float32 against prepared bf16: model.generate on the float32 model is identical to model.generate on "
+        "the prepared model on 3/4 turns")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| overall | default | 4 | 1.86 | 2.00x | 2.00-2.00 | 1.60x | 4.00x | 4.00-4.00 | 4/4 |" in md
+    assert f"| overall | {GREEDY_FP32} | 4 | 1.00 | 0.50x | 0.50-0.50 |  |  |  | 3/4 |" in md
+    assert "(bfloat16 prepared; requested auto)" in md and "- kernels: bfloat16, packed" in md
+
+
+def test_three_baselines_in_words():
+    fast = [_rec(GREEDY, "a", q, 2.0, [1]) for q in range(3)] + [_rec(HF_PLD, "a", q, 1.5, [1]) for q in range(3)]
+    fast += [_rec(GREEDY_FP32, "a", q, 3.0, [1]) for q in range(3)] + [_rec(DEFAULT, "a", q, 1.0, [2]) for q in range(3)]
+    assert verdict(summarize(fast)).endswith("; 3.00x float32 model.generate (95% interval 3.00-3.00): faster than all three")
+    one = [fast[0], fast[3], fast[6], fast[9]]  # one turn: no interval, no claim
+    assert verdict(summarize(one)).endswith("; 3.00x float32 model.generate: not clearly faster or slower than any of them")
+
+
+def test_terminal_output_of_a_prepared_model_has_the_float32_columns():
+    from rich.console import Console
+
+    from probe_mtp.report.outputs import print_report
+
+    console = Console(width=250, record=True)
+    print_report(_hand_made_report(fp32=True), console)
+    text = console.export_text()
+    assert "generate fp32 tok/s" in text and "x generate fp32" in text and "4.00x" in text
+    assert "bfloat16 prepared; requested auto" in text and "kernels: bfloat16, packed" in text
+    assert "on 3/4 turns" in text
+    console = Console(width=250, record=True)
+    print_report(_hand_made_report(), console)
+    assert "fp32" not in console.export_text()

@@ -1,7 +1,8 @@
 """``probe-mtp report`` and ``bench`` options, model-free: --full and --cold parse and change what
 runs, bad input fails before any model is loaded and leaves no output folder, the prompt streams of
 the bench, and whole runs of the harness on a tiny random Llama (the default configuration, warm and
-cold decoders, the repeat stream) in seconds.  The runs on SmolLM2 are in
+cold decoders, the repeat stream, batches) in seconds, and the same tiny Llama prepared by
+probe_mtp.optimize beside its float32 copy (the generate fp32 baseline).  The runs on SmolLM2 are in
 tests/models/test_report_end_to_end.py."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from probe_mtp.cli import build_parser, main
 from probe_mtp.cost import CostCurve
 from probe_mtp.drafters import DRAFTERS
 from probe_mtp.prompts import Prompt
-from probe_mtp.report import GREEDY, HF_PLD, ReportSettings, run_report
+from probe_mtp.report import GREEDY, GREEDY_FP32, HF_PLD, ReportSettings, run_report
 from probe_mtp.report.baselines import DEFAULT
 from probe_mtp.report.cli import FULL, QUICK, cmd_bench, cmd_report, settings_from_args
 from probe_mtp.report.streams import build_stream
@@ -191,12 +192,29 @@ def tiny(monkeypatch, tmp_path):
     curve = CostCurve((1, 8, 16, 32, 64), (1.0, 1.2, 1.5, 2.0, 3.0))
     monkeypatch.setattr(probe_mtp.decoder, "cost_curve_for", lambda *a, **k: curve)
     monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path / "cache"))
-    torch.manual_seed(0)
+    yield tiny_llama(), CharTokenizer()
+    torch.set_num_threads(threads)
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
     config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=64, vocab_size=16, max_position_embeddings=256,
                          attn_implementation="sdpa", bos_token_id=0, eos_token_id=15, pad_token_id=0)
-    yield LlamaForCausalLM(config).eval(), CharTokenizer()
-    torch.set_num_threads(threads)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def tiny_prepared(tiny):
+    """``(prepared model, tokenizer, float32 model)``: a copy of the tiny Llama prepared by
+    probe_mtp.optimize (bf16 on any processor) and the float32 model it came from, as ``loaded=``
+    takes them."""
+    import copy
+
+    import probe_mtp
+
+    model, tokenizer = tiny
+    return probe_mtp.optimize(copy.deepcopy(model), require_matrix_units=False), tokenizer, model
 
 
 def _prompt_file(tmp_path):
@@ -230,6 +248,12 @@ def test_report_runs_the_default_configuration_warm_or_cold(tiny, tmp_path, caps
     assert all(r["identical_to_greedy"] for r in doc["records"])
     assert {r["memory"] for r in doc["records"] if r["label"] == "pld BC=30"} == {memory}
     assert "tau above 2 can still be slower" in (out / "summary.md").read_text()
+    # float32, nothing prepared: no float32 baseline, no column for it
+    assert doc["environment"]["dtype"] == "float32" and doc["environment"]["fp32_reference"] is None
+    assert doc["settings"]["dtype"] == "auto" and doc["environment"]["kernels"].startswith("float32, stock kernels")
+    assert GREEDY_FP32 not in doc["methods"] and doc["default"]["fp32_agreement"] is None
+    assert "generate fp32" not in (out / "summary.md").read_text() and "generate fp32" not in printed
+    assert "float32 model.generate" not in doc["default"]["verdict"]
     if cold:
         assert doc["memories"] == {}
     else:  # each warm decoder's memory after the stream: 4 requests (the warm-up forgotten), saved and loaded
@@ -306,3 +330,129 @@ def test_every_batch_size_starts_with_an_empty_memory(tiny):
     assert [r.identical for r in rows] == [3, 1]
     # what the memory holds is the last size's one batch of 3 rows, not the 3 + 3 rows of both sizes
     assert decoder.memory.requests == 3
+
+
+# --------------------------------------------------------------------------- a prepared model beside float32
+
+
+def _report_argv(tmp_path, out, methods: str = "pld") -> list[str]:
+    return ["report", "--prompts", str(_prompt_file(tmp_path)), "--limit", "2", "--max-new-tokens", "6",
+            "--warmup-tokens", "2", "--methods", methods, "--out", str(out), "--no-progress", "--no-plots"]
+
+
+def test_a_prepared_model_is_measured_against_float32_generate_too(tiny_prepared, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # every column of the default table readable
+    out = tmp_path / "rep"
+    assert cmd_report(build_parser().parse_args(_report_argv(tmp_path, out)), loaded=tiny_prepared) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "report.json").read_text())
+    check_schema(doc)
+    assert doc["methods"] == [GREEDY, HF_PLD, GREEDY_FP32, DEFAULT, "pld BC=30"]
+    env = doc["environment"]
+    assert doc["settings"]["dtype"] == "auto" and env["dtype"] == "bfloat16 prepared"
+    assert env["kernels"].startswith("bfloat16, ") and env["fp32_reference"].startswith("float32, stock kernels")
+    fp32 = [r for r in doc["records"] if r["label"] == GREEDY_FP32]
+    assert len(fp32) == 4 and all(r["kind"] == "baseline" and r["forward_passes"] == r["new_tokens"] for r in fp32)
+    # every method exact against model.generate on the prepared model
+    assert all(r["identical_to_greedy"] for r in doc["records"] if r["label"] != GREEDY_FP32)
+    overall = {r["label"]: r for r in doc["summary"] if r["task"] == "overall"}
+    default = overall[DEFAULT]
+    assert default["speedup_vs_fp32"] > 0 and default["speedup_vs_fp32_low"] <= default["speedup_vs_fp32_high"]
+    assert overall[GREEDY_FP32]["speedup_vs_fp32"] == 1.0
+    assert f"x float32 model.generate (95% interval {default['speedup_vs_fp32_low']:.2f}-" in doc["default"]["verdict"]
+    assert doc["default"]["fp32_agreement"].startswith("stock float32 against prepared bf16")
+    assert {r["label"] for r in doc["default"]["summary"]} == {GREEDY, HF_PLD, GREEDY_FP32, DEFAULT}
+    md = (out / "summary.md").read_text()
+    assert "(bfloat16 prepared; requested auto)" in md and "- kernels: bfloat16, " in md
+    assert "| speedup vs generate fp32 | 95% interval |" in md and f"| overall | {GREEDY_FP32} | 4 |" in md
+    assert "## Speedup over model.generate on the float32 model per task" in md
+    for column in ("generate fp32 tok/s", "x generate fp32"):
+        assert column in printed
+    assert "bfloat16 prepared; requested auto" in printed and "stock float32 against prepared bf16" in printed
+
+
+def test_float32_outputs_that_differ_are_not_counted_as_losses(tiny_prepared, tmp_path, capsys):
+    """Another random model as the 'float32 reference': its outputs differ from the prepared model's,
+    which the agreement says; no output of probe-mtp differs, so no red line."""
+    model, tokenizer, _ = tiny_prepared
+    out = tmp_path / "rep"
+    args = build_parser().parse_args(_report_argv(tmp_path, out, "none"))
+    assert cmd_report(args, loaded=(model, tokenizer, tiny_llama(seed=1))) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "report.json").read_text())
+    fp32 = next(r for r in doc["summary"] if r["task"] == "overall" and r["label"] == GREEDY_FP32)
+    assert fp32["identical"] < fp32["n"] and fp32["agreement"] < 1.0
+    assert f"on {fp32['identical']}/{fp32['n']} turns" in doc["default"]["fp32_agreement"]
+    assert "differ from model.generate" not in printed
+
+
+def test_loading_a_prepared_model_loads_its_float32_reference(tiny_prepared, monkeypatch, tmp_path):
+    """--dtype auto gave a prepared model: prepare_run loads the float32 model beside it; a float32
+    load loads nothing more."""
+    import probe_mtp.loading
+    from probe_mtp.report.cli import prepare_run
+
+    prepared, tokenizer, fp32 = tiny_prepared
+    loads = []
+
+    def fake_load(name, dtype=torch.float32, **kwargs):
+        loads.append(dtype)
+        return (prepared if dtype == "auto" else fp32), tokenizer
+
+    monkeypatch.setattr(probe_mtp.loading, "load_model", fake_load)
+    argv = ["report", "--prompts", str(_prompt_file(tmp_path)), "--limit", "1", "--out", "-"]
+    *_, model, _, reference = prepare_run(build_parser().parse_args(argv))
+    assert (model, reference, loads) == (prepared, fp32, ["auto", torch.float32])
+    loads.clear()
+    *_, model, _, reference = prepare_run(build_parser().parse_args(argv + ["--dtype", "float32"]))
+    assert (model, reference, loads) == (fp32, None, [torch.float32])
+    *_, reference = prepare_run(build_parser().parse_args(argv), loaded=(prepared, tokenizer))
+    assert reference is None and loads == [torch.float32]  # loaded=: nothing loaded, no reference unless given
+
+
+def test_bench_and_batches_of_a_prepared_model_against_float32(tiny_prepared, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    bench = tmp_path / "bench"
+    argv = ["bench", "--prompts", str(_prompt_file(tmp_path)), "--limit", "2", "--max-new-tokens", "5",
+            "--warmup-tokens", "2", "--methods", "pld", "--repeats", "2", "--out", str(bench), "--no-progress"]
+    assert cmd_bench(build_parser().parse_args(argv), loaded=tiny_prepared) == 0
+    printed = capsys.readouterr()
+    doc = json.loads((bench / "bench.json").read_text())
+    models = doc["models"]
+    assert set(models) == {"model", "fp32"}
+    assert models["model"]["dtype"] == "bfloat16 prepared" and models["fp32"]["dtype"] == "float32"
+    assert 0 < models["model"]["weight_bytes"] < models["fp32"]["weight_bytes"]
+    assert models["model"]["relative_cost_16"] == pytest.approx(1.5)  # the fixture's curve, both models
+    assert models["fp32"]["relative_cost_16"] == pytest.approx(1.5)
+    assert doc["peak_rss_mb"] > 0 and doc["environment"]["dtype"] == "bfloat16 prepared"
+    pld = next(r for r in doc["rows"] if r["task"] == "overall" and r["label"] == "pld BC=30")
+    assert len(pld["vs_fp32"]) == 2 and pld["vs_fp32_min"] <= pld["vs_fp32_median"] <= pld["vs_fp32_max"]
+    md = (bench / "bench.md").read_text()
+    assert "x generate fp32 median | min | max |" in md and "peak memory: " in md
+    assert md.count("c(16)/c(1) = 1.50") == 2 and "cost curve: " in md
+    assert "peak memory: " in printed.out and printed.out.count("c(16)/c(1) = 1.50") == 2
+
+    batches = tmp_path / "batches"
+    argv = ["bench", "--prompts", str(_prompt_file(tmp_path)), "--limit", "2", "--max-new-tokens", "5", "--batch",
+            "1,2", "--out", str(batches), "--no-progress"]
+    assert cmd_bench(build_parser().parse_args(argv), loaded=tiny_prepared) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((batches / "bench.json").read_text())
+    assert [(r["batch"], r["batches"], r["identical"]) for r in doc["batches"]] == [(1, 3, 3), (2, 1, 1)]  # exact
+    for r in doc["batches"]:  # float32 may round a near-tie of the random model the other way
+        assert r["speedup_vs_fp32_low"] <= r["speedup_vs_fp32_high"] and r["fp32_tokens_per_second"] > 0
+        assert 0 <= r["fp32_identical"] <= r["batches"]
+    assert "float32 model.generate (" in printed and "x generate fp32" in printed
+    md = (batches / "bench.md").read_text()
+    assert "| x generate fp32 [95% interval] |" in md and "peak memory: " in md
+
+
+def test_batches_without_a_reference_have_no_float32_figures(tiny):
+    from probe_mtp import ProbeDecoder
+    from probe_mtp.report.batches import markdown_batch_table, measure_batches
+
+    model, tokenizer = tiny
+    with torch.no_grad():
+        rows = measure_batches(model, ProbeDecoder(model, tokenizer), [torch.tensor([[1, 2, 3]])] * 2, [2], 3)
+    assert rows[0].fp32 is None and rows[0].as_dict()["speedup_vs_fp32"] is None
+    assert "fp32" not in markdown_batch_table(rows)
