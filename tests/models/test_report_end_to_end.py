@@ -1,6 +1,8 @@
-"""``probe-mtp report`` end to end on SmolLM2: through the real argument parser (the default
-configuration first, then the equal-budget drafters), with tuned masks and ConfAdapt, as the
-installed command, and the memory measurement of one generation."""
+"""``probe-mtp report`` end to end on SmolLM2: through the real argument parser on the prepared
+bf16 model beside its float32 original (what ``--dtype auto`` measures where the processor has bf16
+matrix units: the default configuration first, the generate fp32 baseline with it, then the
+equal-budget drafters), in float32 with tuned masks and ConfAdapt, as the installed command, and
+the memory measurement of one generation."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 import pytest
 
 from probe_mtp.cli import build_parser
-from probe_mtp.report import GREEDY, HF_PLD
+from probe_mtp.report import GREEDY, GREEDY_FP32, HF_PLD
 from probe_mtp.report.baselines import DEFAULT
 from probe_mtp.report.cli import cmd_report
 
@@ -21,33 +23,43 @@ from report_schema import check_schema
 # --------------------------------------------------------------------------- end to end
 
 
-def test_report_end_to_end(smollm2, tmp_path, capsys, monkeypatch):
-    """2 prompts, 16 new tokens: the default configuration, esp and the two baselines, through the
-    real argument parser."""
+def test_report_end_to_end(smollm2, smollm2_bf16, tmp_path, capsys, monkeypatch):
+    """2 prompts, 16 new tokens: the default configuration, esp and the three baselines, through the
+    real argument parser, on the prepared model (``--dtype auto``'s model where the processor has
+    bf16 matrix units; prepared here on any processor) with the float32 model as its reference."""
     monkeypatch.setenv("COLUMNS", "200")  # wide enough that no label wraps (pytest-xdist workers set 80)
     out = tmp_path / "rep"
     args = build_parser().parse_args(
         ["report", "--tasks", "qa,math_reasoning", "--limit", "1", "--max-new-tokens", "16", "--methods", "esp",
          "--warmup-tokens", "4", "--out", str(out), "--no-progress"]
     )
-    assert cmd_report(args, loaded=smollm2) == 0
+    assert args.dtype == "auto"
+    assert cmd_report(args, loaded=(*smollm2_bf16, smollm2[0])) == 0
     printed = capsys.readouterr().out
     assert printed.index("probe-mtp default configuration") < printed.index("default decoder (warm):") \
         < printed.index("equal block complexity")
     assert "esp BC=30 bundled:smollm2-135m" in printed and "overall" in printed
+    assert "x generate fp32" in printed and "bfloat16 prepared; requested auto" in printed
+    assert "differ from model.generate" not in printed  # exact: no reduced-precision excuse either
     for name in ("report.json", "records.csv", "summary.md", "default_speedup.png", "tau_per_task.png",
                  "speedup_per_task.png", "accepted_lengths.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     doc = json.loads((out / "report.json").read_text())
     check_schema(doc)
     assert doc["settings"]["warmup_tokens"] == 4 and doc["settings"]["tasks"] == ["qa", "math_reasoning"]
-    assert doc["methods"] == [GREEDY, HF_PLD, DEFAULT, "esp BC=30 bundled:smollm2-135m"]
+    assert doc["methods"] == [GREEDY, HF_PLD, GREEDY_FP32, DEFAULT, "esp BC=30 bundled:smollm2-135m"]
     assert doc["default"]["budget"] == "auto" and doc["default"]["masks"] == "bundled:smollm2-135m"
     assert doc["default"]["verdict"].startswith("default decoder (warm): ")
+    assert "x float32 model.generate (95% interval " in doc["default"]["verdict"]
+    assert doc["settings"]["dtype"] == "auto" and doc["environment"]["dtype"] == "bfloat16 prepared"
     recs = doc["records"]
-    assert len(recs) == 2 * 4
+    assert len(recs) == 2 * 5
     assert {r["task"] for r in recs} == {"qa", "math_reasoning"}
-    assert all(r["identical_to_greedy"] for r in recs)  # fp32: every method is lossless
+    # prepared bf16: every method is exact against model.generate on the prepared model
+    assert all(r["identical_to_greedy"] for r in recs if r["label"] != GREEDY_FP32)
+    overall = next(r for r in doc["summary"] if r["task"] == "overall" and r["label"] == DEFAULT)
+    assert overall["speedup_vs_fp32"] > 0 and overall["speedup_vs_fp32_low"] <= overall["speedup_vs_fp32_high"]
+    assert f"| overall | {GREEDY_FP32} | 2 |" in (out / "summary.md").read_text()
     for r in recs:
         assert r["new_tokens"] <= 16 and r["seconds"] > 0
         assert r["accepted_lengths"] is None or sum(r["accepted_lengths"]) == r["new_tokens"] - r["first_pass_tokens"]
@@ -58,7 +70,7 @@ def test_report_end_to_end(smollm2, tmp_path, capsys, monkeypatch):
     esp = [r for r in recs if r["method"] == "esp"]
     assert all(r["budget"] == 30 and r["num_masks"] == 1 and r["prefill_seconds"] is not None for r in esp)
     assert all(r["masks"] == "bundled:smollm2-135m" for r in esp)
-    assert sorted(r["order"] for r in recs if r["question_id"] == recs[0]["question_id"]) == [0, 1, 2, 3]
+    assert sorted(r["order"] for r in recs if r["question_id"] == recs[0]["question_id"]) == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.slow
