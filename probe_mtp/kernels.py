@@ -269,9 +269,12 @@ class PackedLinear(nn.Module):
         self.plain = None if pack else weight
 
     @classmethod
-    def from_module(cls, module: nn.Module, plans: RowPlans, pack: bool = True) -> "PackedLinear":
-        weight, bias = _as_out_in(module)
-        return cls(weight, bias, plans, pack)
+    def from_module(cls, module: nn.Module, plans: RowPlans, pack: bool = True,
+                    weight: torch.Tensor | None = None) -> "PackedLinear":
+        """The packed form of ``module`` (an ``nn.Linear`` or ``Conv1D``); ``weight``: its ``[out, in]``
+        weight already in bf16 (a tied output layer's, cast once for the embedding too)."""
+        own, bias = _as_out_in(module)
+        return cls(own if weight is None else weight, bias, plans, pack)
 
     def kernel(self):
         bias = None if self.bias is None else self.bias.detach()

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from .heap import heap_trimmer
 from .kernels import (
     EXACT_ATTENTION,
     PackedLinear,
@@ -108,16 +109,24 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
     plans = RowPlans()
     pack = cpu.onednn_bf16
     layers = _linear_layers(model)
-    _check_kernels(layers, plans, pack)
+    # a weight the input embedding shares (a tied output layer) is cast once, for both
+    tied = _tied_to_embedding(model, layers, dtype)
+    checked = _check_kernels(layers, plans, pack, tied)
+    count = len(layers)
     layers.reverse()
     while layers:  # each float32 weight goes as soon as its packed copy is in place
         parent, name, child = layers.pop()
-        setattr(parent, name, PackedLinear.from_module(child, plans, pack))
-    del child
-    _cast_parameters(model, dtype)
+        packed = checked.pop(id(child), None) or PackedLinear.from_module(child, plans, pack, tied.get(id(child)))
+        setattr(parent, name, packed)
+        del child, packed
+    _cast_parameters(model, dtype, {id(model.get_input_embeddings().weight): w for w in tied.values()})
+    tied.clear()
     model.set_attn_implementation(EXACT_ATTENTION)
     model.config.dtype = dtype
-    result = Prepared(dtype, cpu, pack, plans, len(layers))
+    trim = heap_trimmer(torch.device("cpu"), every=1)
+    if trim is not None:
+        trim()  # the float32 weights' pages go back to the system now, not at some later step
+    result = Prepared(dtype, cpu, pack, plans, count)
     model.__dict__[PREPARED_ATTRIBUTE] = result
     log.info("probe_mtp.optimize: %s", result.describe())  # dtype auto says which through this line
     return model
@@ -189,30 +198,34 @@ def _linear_layers(model) -> list[tuple[nn.Module, str, nn.Module]]:
             if isinstance(child, LINEAR_TYPES)]
 
 
-def _check_kernels(layers, plans: RowPlans, pack: bool) -> None:
-    """Choose (and so check) the row plan of every distinct weight shape, on random weights of that
-    shape, before the model changes."""
+def _tied_to_embedding(model, layers, dtype) -> dict[int, torch.Tensor]:
+    """``{id(layer): its weight cast to dtype}`` for the linear layers whose weight is the input
+    embedding's (at most one: a tied output layer)."""
+    embed = model.get_input_embeddings()
+    shared = getattr(embed, "weight", None)
+    return {id(child): shared.detach().to(dtype) for _, _, child in layers
+            if isinstance(child, nn.Linear) and shared is not None and child.weight is shared}
+
+
+def _check_kernels(layers, plans: RowPlans, pack: bool, tied: dict[int, torch.Tensor]) -> dict[int, PackedLinear]:
+    """Pack the first layer of every distinct weight shape and choose (so check) its row plan,
+    before the model changes; returns those packed layers by the ``id`` of the layer they replace
+    (kept for the conversion, so no weight is packed twice and nothing larger than the model's own
+    packed layers is ever allocated)."""
+    first: dict[int, PackedLinear] = {}
     seen = set()
-    gen = torch.Generator().manual_seed(0)
     for _, _, child in layers:
-        weight, bias = _out_in_shape(child)
-        key = (weight, bias)
+        key = _out_in_shape(child)
         if key in seen:
             continue
         seen.add(key)
-        out_features, in_features = weight
-        # a few thousand random rows, repeated: a large output layer is checked on its own shape
-        # without drawing as many random numbers as it holds
-        distinct = min(out_features, 2048)
-        block = torch.randn(distinct, in_features, generator=gen) * in_features**-0.5
-        sample = block.repeat(-(-out_features // distinct), 1)[:out_features]
-        sample_bias = torch.randn(out_features, generator=gen) if bias else None
-        probe = PackedLinear(sample, sample_bias, plans, pack)
+        packed = PackedLinear.from_module(child, plans, pack, tied.get(id(child)))
         try:
-            plans.plan(probe)
+            plans.plan(packed)
         except RowVarianceError as exc:
             raise OptimizeError(f"{exc}; the model was left as it was") from None
-        del probe, sample, block
+        first[id(child)] = packed
+    return first
 
 
 def _out_in_shape(module) -> tuple[tuple[int, int], bool]:
@@ -221,12 +234,14 @@ def _out_in_shape(module) -> tuple[tuple[int, int], bool]:
     return (int(module.out_features), int(module.in_features)), module.bias is not None
 
 
-def _cast_parameters(model, dtype: torch.dtype) -> None:
+def _cast_parameters(model, dtype: torch.dtype, cast: dict[int, torch.Tensor]) -> None:
     """Cast every floating parameter outside the packed layers to ``dtype`` (buffers such as rotary
-    frequencies keep their dtype, as in a model loaded in ``dtype``)."""
+    frequencies keep their dtype, as in a model loaded in ``dtype``); ``cast``: parameters already
+    cast, by ``id``."""
     for module in model.modules():
         if isinstance(module, PackedLinear):
             continue
         for param in module.parameters(recurse=False):
             if param.is_floating_point() and param.dtype != dtype:
-                param.data = param.data.to(dtype)
+                done = cast.pop(id(param), None)
+                param.data = done if done is not None else param.data.to(dtype)
