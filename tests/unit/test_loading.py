@@ -91,3 +91,27 @@ def test_an_unwritable_cache_costs_a_warning_not_the_load(gguf, tmp_path, monkey
     with pytest.warns(UserWarning, match="could not keep a converted copy"):
         model, _ = loading.load_model(str(path))
     assert model.config.vocab_size == 32
+
+
+@pytest.mark.parametrize("units", [True, False], ids=["bf16-units", "no-units"])
+def test_dtype_auto_prepares_where_the_processor_has_bf16_units_and_says_which(gguf, monkeypatch, caplog, units):
+    import importlib
+    import logging
+
+    from probe_mtp.kernels import Processor, processor
+
+    optimize_module = importlib.import_module("probe_mtp.optimize")
+    onednn = processor().onednn_bf16
+    fake = Processor("Test CPU", frozenset({"avx512_bf16"} if units else set()), onednn)
+    monkeypatch.setattr(optimize_module, "processor", lambda: fake)
+    path, _ = gguf
+    with caplog.at_level(logging.INFO, logger="probe_mtp"):
+        model, _ = loading.load_model(str(path), dtype="auto")
+    if units and onednn:
+        assert optimize_module.is_optimized(model) and model.dtype == torch.bfloat16
+        assert "bfloat16" in caplog.text and "AVX512-BF16" in caplog.text
+    else:
+        assert not optimize_module.is_optimized(model) and model.dtype == torch.float32
+        assert "float32" in caplog.text and "Test CPU" in caplog.text
+    with pytest.raises(TypeError, match="auto"):
+        loading.load_model(str(path), dtype="fastest")
