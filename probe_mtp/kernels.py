@@ -12,9 +12,10 @@ module provides the two parts of a forward pass that break that, each checked, n
   (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``).  oneDNN picks its kernel
   from the product's shape: measured on an AMD EPYC (AVX512-BF16), a one-row product sums in
   another order than products of 2 to 1500 rows, which all agree row for row.  How rows reach the
-  kernel (:class:`RowPlan`: a lone row padded to two, or fixed blocks of rows) is chosen per
-  weight shape and thread count by :func:`choose_row_plan`, which compares every width a pass can
-  have with the one-row computation bit for bit before the plan is used.
+  kernel (:class:`RowPlan`: each call padded to one of a few widths, a lone row to two, or fixed
+  blocks of rows) is chosen per weight shape and thread count by :func:`choose_row_plan`, which
+  compares every width a call can have with the one-row computation bit for bit before the plan
+  is used.
 - :func:`exact_attention` (registered with transformers' ``AttentionInterface`` as
   :data:`EXACT_ATTENTION`): scores, softmax and the weighted sum of values in float64, rounded
   once to the model's dtype.  The products of bf16 queries and keys are exact in float64 and
@@ -43,13 +44,15 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.pytorch_utils import Conv1D
 
 EXACT_ATTENTION = "probe_mtp_exact"
-# widths a product of an ordinary weight is checked at: every width up to 66, then around the
-# powers of two up to the widest call (longer inputs are cut into calls of at most that many rows)
-CHECK_WIDTHS = tuple(range(1, 67)) + (96, 127, 128, 129, 200, 255, 256, 257, 384, 511, 512)
-# weights above this many elements (output layers: 28M for SmolLM2, 168M for Gemma 3) are checked
-# up to 128 rows and called with at most 128 (a check at 512 rows would take seconds)
+# a call of up to MOST_ROWS rows (MOST_ROWS_LARGE for weights above LARGE_WEIGHT elements: output
+# layers, 28M for SmolLM2 and 168M for Gemma 3) is zero-padded to the next of a few widths (see
+# bucket_rows); longer inputs are cut into calls of at most that many rows.  oneDNN builds and keeps
+# a kernel for every distinct row count it is called with (measured: 0.6 MB each for a 1536 x 576
+# weight, so 320 MB after the 512 row counts of varied prompt lengths); a few widths bound that, and
+# the check below covers every width a call can have
+MOST_ROWS = 512
+MOST_ROWS_LARGE = 128
 LARGE_WEIGHT = 16 * 2**20
-LARGE_WIDTHS = tuple(range(1, 34)) + (48, 63, 64, 65, 96, 127, 128)
 CHECK_ROWS = 48  # distinct random input rows per check
 ATTENTION_BYTES = 64 * 2**20  # float64 scores of one attention call are computed in query chunks of at most this
 QUERY_CHUNK = 256  # ... and of at most this many queries, each chunk over the keys its queries can see
@@ -122,16 +125,36 @@ def processor() -> Processor:
 # ------------------------------------------------------------------------------- linear layers
 @dataclass(frozen=True)
 class RowPlan:
-    """How the rows of a product reach the kernel.  ``block`` 0: as they come, except that a lone
-    row is padded with a zero row (the one-row kernel sums in another order); ``block`` B: always
-    in calls of exactly B rows, zero-padded.  ``most``: the most rows one call may hold (longer
-    inputs are cut into calls of at most that many)."""
+    """How the rows of a product reach the kernel.  ``block`` 0: each call zero-padded to the next
+    of a few widths (:func:`bucket_rows`; a lone row becomes two, because the one-row kernel sums
+    in another order); ``block`` B: always in calls of exactly B rows, zero-padded.  ``most``: the
+    most rows one call may hold (longer inputs are cut into calls of at most that many)."""
 
     block: int = 0
-    most: int = 512
+    most: int = MOST_ROWS
 
     def describe(self) -> str:
-        return "a lone row padded to two" if not self.block else f"blocks of {self.block} rows"
+        if self.block:
+            return f"rows in blocks of {self.block}"
+        return "calls zero-padded to a few row counts (2-8, by 8 to 64, by 32 beyond)"
+
+    def widths(self) -> tuple[int, ...]:
+        """Every row count a call to the kernel can have under this plan."""
+        if self.block:
+            return (self.block,)
+        return tuple(sorted({bucket_rows(rows, self.most) for rows in range(1, self.most + 1)}))
+
+
+def bucket_rows(rows: int, most: int = MOST_ROWS) -> int:
+    """The row count a call of ``rows`` rows (``1 <= rows <= most``) is padded to: 2 for a lone row,
+    the count itself up to 8, the next multiple of 8 up to 64, of 32 beyond (``most``, a multiple of
+    32, at most): 28 widths up to 512, at most 7% padding past 64 rows where a call costs most."""
+    if rows <= 1:
+        return 2
+    if rows <= 8:
+        return rows
+    step = 8 if rows <= 64 else 32
+    return min(-(-rows // step) * step, most)
 
 
 PLANS = (RowPlan(0), RowPlan(16), RowPlan(32))
@@ -145,55 +168,56 @@ class RowVarianceError(RuntimeError):
 def run_rows(kernel, x2d: torch.Tensor, plan: RowPlan) -> torch.Tensor:
     """``kernel`` (a function of a ``[M, K]`` tensor) applied to ``x2d`` along ``plan``."""
     rows = x2d.shape[0]
+    if rows > plan.most:
+        return torch.cat([run_rows(kernel, x2d[start : start + plan.most], plan)
+                          for start in range(0, rows, plan.most)])
     if plan.block:
         step = plan.block
         padded = -(-rows // step) * step
-        if padded != rows:
-            x2d = torch.cat([x2d, x2d.new_zeros(padded - rows, x2d.shape[1])])
+        x2d = _pad_rows(x2d, padded)
         parts = [kernel(x2d[i : i + step]) for i in range(0, padded, step)]
-        return (parts[0] if len(parts) == 1 else torch.cat(parts))[:rows]
-    if rows == 1:
-        return kernel(torch.cat([x2d, torch.zeros_like(x2d)]))[:1]
-    if rows <= plan.most:
-        return kernel(x2d)
-    parts = []
-    for start in range(0, rows, plan.most):
-        chunk = x2d[start : start + plan.most]
-        parts.append(run_rows(kernel, chunk, plan))
-    return torch.cat(parts)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    else:
+        out = kernel(_pad_rows(x2d, bucket_rows(rows, plan.most)))
+    return out if out.shape[0] == rows else out[:rows]
 
 
-def rows_agree(kernel, in_features: int, plan: RowPlan, widths: tuple[int, ...], dtype=torch.bfloat16) -> bool:
-    """Whether every row of a product of each width in ``widths`` equals the same row computed
-    alone, bit for bit, under ``plan`` (random rows of a realistic spread of magnitudes)."""
+def _pad_rows(x2d: torch.Tensor, rows: int) -> torch.Tensor:
+    if rows == x2d.shape[0]:
+        return x2d
+    return torch.cat([x2d, x2d.new_zeros(rows - x2d.shape[0], x2d.shape[1])])
+
+
+def rows_agree(kernel, in_features: int, plan: RowPlan, widths: tuple[int, ...] | None = None,
+               dtype=torch.bfloat16) -> bool:
+    """Whether every row of a product of each width in ``widths`` (default: every width a call can
+    have under ``plan``) equals the same row computed alone, bit for bit, under ``plan`` (random
+    rows of a realistic spread of magnitudes)."""
     gen = torch.Generator().manual_seed(1234)
     rows = torch.randn(CHECK_ROWS, in_features, generator=gen)
     rows *= torch.exp2(torch.randint(-3, 4, (CHECK_ROWS, 1), generator=gen).float())
     rows = rows.to(dtype)
     alone = torch.cat([run_rows(kernel, rows[i : i + 1], plan) for i in range(CHECK_ROWS)])
-    for width in widths:
-        if width > plan.most:
-            continue
+    for width in plan.widths() if widths is None else widths:
         index = torch.arange(width) % CHECK_ROWS
         if not torch.equal(run_rows(kernel, rows[index], plan), alone[index]):
             return False
     return True
 
 
-def check_widths(out_features: int, in_features: int) -> tuple[tuple[int, ...], int]:
-    """The widths a weight of this shape is checked at, and the most rows one call may hold."""
-    if out_features * in_features > LARGE_WEIGHT:
-        return LARGE_WIDTHS, max(LARGE_WIDTHS)
-    return CHECK_WIDTHS, max(CHECK_WIDTHS)
+def most_rows(out_features: int, in_features: int) -> int:
+    """The most rows one call with a weight of this shape may hold."""
+    return MOST_ROWS_LARGE if out_features * in_features > LARGE_WEIGHT else MOST_ROWS
 
 
 def choose_row_plan(kernel, out_features: int, in_features: int, dtype=torch.bfloat16) -> RowPlan:
     """The first plan of :data:`PLANS` under which ``kernel`` is row-invariant at this thread
-    count (see :func:`rows_agree`); :class:`RowVarianceError` when none is."""
-    widths, most = check_widths(out_features, in_features)
+    count (see :func:`rows_agree`, at every width a call can have); :class:`RowVarianceError`
+    when none is."""
+    most = most_rows(out_features, in_features)
     for plan in PLANS:
         plan = RowPlan(plan.block, most)
-        if rows_agree(kernel, in_features, plan, widths, dtype):
+        if rows_agree(kernel, in_features, plan, dtype=dtype):
             return plan
     raise RowVarianceError(
         f"on this processor ({processor().describe()}, {torch.get_num_threads()} threads) a {dtype} product with a "

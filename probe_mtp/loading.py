@@ -103,9 +103,9 @@ def load_model(
     Hugging Face folder, a ``.gguf`` file, or a hub id (only where the user has network).
     GGUF weights are dequantized to ``dtype``.  ``dtype="auto"``: the fastest exact choice on this
     machine: where the processor has bf16 matrix units (AMX or AVX512-BF16), the model is loaded in
-    float32 and prepared by :func:`probe_mtp.optimize` (bf16, packed weights, row-invariant
-    attention: probe-mtp stays token-identical to ``model.generate`` on it); elsewhere it stays
-    float32.  Which one it chose is logged (logger ``probe_mtp``) and
+    bf16 (each weight rounded from float32 as ``.to(torch.bfloat16)`` rounds it, no float32 copy held)
+    and prepared by :func:`probe_mtp.optimize` (packed weights, row-invariant attention: probe-mtp
+    stays token-identical to ``model.generate`` on it); elsewhere it stays float32.  Which one it chose is logged (logger ``probe_mtp``) and
     :func:`probe_mtp.describe(model) <probe_mtp.optimize.describe>` says it.
     ``attn_implementation`` must be one that takes a tree mask: ``"sdpa"`` (default) or
     ``"eager"``.
@@ -124,28 +124,65 @@ def load_model(
     auto = isinstance(dtype, str) and dtype == AUTO_DTYPE
     if not auto and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, or {AUTO_DTYPE!r}; got {dtype!r}")
-    load_dtype = torch.float32 if auto else dtype
+    if auto:
+        return _load_auto(name, attn_implementation, device, convert_cache)
+    return _load(name, dtype, attn_implementation, device, convert_cache)
+
+
+def _load(name, dtype: torch.dtype, attn_implementation: str, device, convert_cache: bool):
     source, extra = resolve_model_source(name)
     if convert_cache and "gguf_file" in extra:
-        model, tokenizer = _load_gguf_through_cache(Path(source) / extra["gguf_file"], load_dtype, attn_implementation)
+        model, tokenizer = _load_gguf_through_cache(Path(source) / extra["gguf_file"], dtype, attn_implementation)
     else:
-        model, tokenizer = _from_pretrained(source, extra, load_dtype, attn_implementation)
+        model, tokenizer = _from_pretrained(source, extra, dtype, attn_implementation)
     model.to(device)
     model.eval()
     model.requires_grad_(False)
-    if auto:
-        from .optimize import optimize_if_supported
-
-        optimize_if_supported(model)
     return model, tokenizer
+
+
+def _load_auto(name, attn_implementation: str, device, convert_cache: bool):
+    """``dtype="auto"``: loaded straight in bf16 and prepared where the processor has bf16 matrix
+    units (the same weights as float32 cast to bf16, without a float32 copy in memory), float32
+    elsewhere or where the model cannot be prepared (then loaded again, in float32)."""
+    from .optimize import auto_dtype, optimize_if_supported
+
+    if auto_dtype(device) == torch.bfloat16:
+        model, tokenizer = _load(name, torch.bfloat16, attn_implementation, device, convert_cache)
+        if optimize_if_supported(model):
+            return model, tokenizer
+        del model, tokenizer
+    return _load(name, torch.float32, attn_implementation, device, convert_cache)
 
 
 def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implementation: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation, **extra)
+    options = {}
+    if "gguf_file" in extra:
+        # dense weights of `dtype`, as documented: transformers would otherwise keep a quantized
+        # file's weights in GGUF blocks where it finds a kernel for them (fetched from the hub)
+        options["quantization_config"] = GgufConfig(dequantize=True)
+    else:
+        config = AutoConfig.from_pretrained(source, **extra)
+        if _gguf_marked(config):  # a converted copy written before it was unmarked: dense float32 weights
+            del config.quantization_config
+            options["config"] = config
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation,
+                                                 **extra, **options)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and _gguf_marked(model.config):
+        # the weights were dequantized to plain tensors: the model is a dense one (save_pretrained,
+        # .to(dtype) and probe_mtp.optimize treat it so), not a quantized one
+        quantizer.remove_quantization_config(model)
     return model, tokenizer
+
+
+def _gguf_marked(config) -> bool:
+    found = getattr(config, "quantization_config", None)
+    method = found.get("quant_method") if isinstance(found, dict) else getattr(found, "quant_method", None)
+    return str(getattr(method, "value", method)) == "gguf"
 
 
 def converted_dir(gguf: Path) -> Path:
@@ -198,8 +235,8 @@ def _write_converted(model, tokenizer, folder: Path) -> None:
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     try:
         shutil.rmtree(partial, ignore_errors=True)
-        # save_pretrained refuses a model loaded from GGUF (it is marked quantized); its weights
-        # are plain float32 tensors by now, so write them, the config and the tokenizer directly
+        # the weights are plain float32 tensors (dequantized at load): write them, the config and
+        # the tokenizer directly
         partial.mkdir(parents=True)
         save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
         model.config.save_pretrained(partial)

@@ -54,7 +54,7 @@ class Prepared:
     def describe(self) -> str:
         kernel = "linear weights packed once for oneDNN" if self.packed else "stock bf16 linear products"
         units = self.processor.matrix_units or "no bf16 matrix units"
-        return (f"{str(self.dtype).replace('torch.', '')}, {kernel} ({units}; rows: {self.plans.describe()}), "
+        return (f"{str(self.dtype).replace('torch.', '')}, {kernel} ({units}; {self.plans.describe()}), "
                 "float64 row-invariant attention")
 
 
@@ -132,18 +132,27 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
     return model
 
 
-def optimize_if_supported(model) -> bool:
-    """``dtype="auto"``: prepare ``model`` for bf16 where this processor has bf16 matrix units and the
-    model can be prepared; leave it in float32 otherwise.  Says which (logger ``probe_mtp``: info
-    when prepared or when the processor has no units, a warning when a model could not be prepared
-    on a processor that has them) and returns whether it prepared the model."""
+def auto_dtype(device: str | torch.device = "cpu") -> torch.dtype:
+    """The dtype ``dtype="auto"`` loads a model in on ``device``: bf16 where :func:`optimize` will
+    prepare it (a CPU with bf16 matrix units), float32 elsewhere (saying why, logger ``probe_mtp``).
+    Loading straight in bf16 casts each weight as ``optimize`` would (round to nearest even) without
+    ever holding a float32 copy, so preparing peaks below the float32 model."""
+    if torch.device(device).type != "cpu":
+        log.info("dtype auto: float32 on %s (optimize() prepares CPU models)", device)
+        return torch.float32
     cpu = processor()
     if not cpu.has_bf16_units:
         log.info("dtype auto: float32 (this processor, %s, has no bf16 matrix units)", cpu.describe())
-        return False
-    device = getattr(model, "device", torch.device("cpu"))
-    if torch.device(device).type != "cpu":
-        log.info("dtype auto: %s as loaded (optimize() prepares CPU models)", model.dtype)
+        return torch.float32
+    return torch.bfloat16
+
+
+def optimize_if_supported(model) -> bool:
+    """``dtype="auto"``: prepare ``model`` for bf16 where :func:`auto_dtype` chose bf16 and the model
+    can be prepared.  Says which (logger ``probe_mtp``: info when prepared, a warning naming the
+    reason when a model could not be prepared on a processor that has the units) and returns whether
+    it prepared the model; a model it could not prepare is for the caller to load in float32."""
+    if auto_dtype(getattr(model, "device", "cpu")) != torch.bfloat16:
         return False
     try:
         optimize(model)

@@ -141,3 +141,26 @@ def test_gemma_batch_across_the_window(gemma3_bf16, gemma_cases):
     ids, mask = left_padded(rows, 0)
     ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=32)
     assert torch.equal(probe_mtp.generate(model, ids, attention_mask=mask, max_new_tokens=32), ref)
+
+
+def test_auto_loads_the_same_bf16_weights_and_a_prepared_model_saves(smollm2, smollm2_bf16, tmp_path):
+    """``dtype="auto"`` loads straight in bf16 (no float32 copy held): each weight is the float32
+    one rounded as ``.to(torch.bfloat16)`` rounds it, so it is the model the other tests prepare.
+    A prepared embedded model saves with ``save_pretrained`` and loads back to the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from probe_mtp import loading
+
+    fp32, tok = smollm2
+    direct, _ = loading.load_model("smollm2-135m", dtype=torch.bfloat16)
+    expected = fp32.state_dict()
+    assert all(torch.equal(t, expected[k].to(torch.bfloat16)) for k, t in direct.state_dict().items())
+    assert getattr(direct, "hf_quantizer", None) is None  # a dense model, not a GGUF-quantized one
+    del direct
+    model, _ = smollm2_bf16
+    model.save_pretrained(tmp_path)
+    loaded = probe_mtp.optimize(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval(),
+                                require_matrix_units=False)
+    ids = chat_ids(tok, "Name three rivers in Africa.")
+    assert torch.equal(probe_mtp.generate(loaded, ids, max_new_tokens=24),
+                       model.generate(ids, max_new_tokens=24, do_sample=False))

@@ -20,6 +20,7 @@ from probe_mtp.kernels import (
     RowPlan,
     RowPlans,
     RowVarianceError,
+    bucket_rows,
     choose_row_plan,
     exact_attention,
     rows_agree,
@@ -130,6 +131,35 @@ def test_block_plans_run_fixed_blocks_and_long_inputs_in_chunks():
     assert torch.equal(run_rows(kernel, x[:1], RowPlan(0)), x[:1] * 2) and calls == [2]
     calls.clear()
     assert torch.equal(run_rows(kernel, x, RowPlan(0, most=16)), x * 2) and calls == [16, 16, 8]
+
+
+def test_calls_are_padded_to_a_few_row_counts_that_the_check_covers():
+    """oneDNN keeps a kernel per row count it is called with (0.6 MB each for a 1536 x 576 weight):
+    every call is padded to one of a few widths, and the check covers every one of them."""
+    for most in (512, 128):
+        plan = RowPlan(0, most)
+        widths = plan.widths()
+        assert len(widths) == (28 if most == 512 else 16) and widths[0] == 2 and widths[-1] == most
+        for rows in range(1, most + 1):
+            padded = bucket_rows(rows, most)
+            assert padded in widths and padded >= rows
+            assert padded - rows <= (1 if rows == 1 else 0 if rows <= 8 else 7 if rows <= 64 else 31)
+    assert RowPlan(16).widths() == (16,)
+    calls = []
+
+    def kernel(x2d):
+        calls.append(x2d.shape[0])
+        return x2d * 2
+
+    x = _bf16(700, 8, seed=11)
+    for rows in (1, 5, 9, 63, 65, 300, 512, 513, 700):
+        calls.clear()
+        assert torch.equal(run_rows(kernel, x[:rows], RowPlan(0)), x[:rows] * 2)
+        assert set(calls) <= set(RowPlan(0).widths()), (rows, calls)
+    # what the check runs: exactly the widths a call can have, each once, besides the lone rows
+    calls.clear()
+    assert rows_agree(kernel, 8, RowPlan(0, 128))
+    assert sorted(set(calls)) == list(RowPlan(0, 128).widths()) and calls.count(16) == 1
 
 
 # ------------------------------------------------------------------------------- PackedLinear as a layer

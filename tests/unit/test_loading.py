@@ -115,3 +115,25 @@ def test_dtype_auto_prepares_where_the_processor_has_bf16_units_and_says_which(g
         assert "float32" in caplog.text and "Test CPU" in caplog.text
     with pytest.raises(TypeError, match="auto"):
         loading.load_model(str(path), dtype="fastest")
+
+
+def test_a_copy_marked_as_gguf_quantized_loads_as_the_dense_model_it_is(gguf, tmp_path):
+    """Copies written before the marking was dropped say ``quantization_config: gguf``; their
+    weights are dense float32, and the model loads as a plain one: save_pretrained works and no
+    warning about GGUF kernels is printed for a bf16 load."""
+    import json
+
+    path, _ = gguf
+    loading.load_model(str(path))
+    config_file = loading.converted_dir(path) / "config.json"
+    config = json.loads(config_file.read_text())
+    assert "quantization_config" not in config  # new copies are written unmarked
+    config["quantization_config"] = {"quant_method": "gguf", "dequantize": False, "gguf_file": "tiny.gguf"}
+    config_file.write_text(json.dumps(config))
+    for dtype in (torch.float32, torch.bfloat16):
+        model, _ = loading.load_model(str(path), dtype=dtype)
+        assert getattr(model, "hf_quantizer", None) is None and model.dtype == dtype
+        assert not hasattr(model.config, "quantization_config")
+        model.save_pretrained(tmp_path / f"saved-{dtype}")
+        ref = _tiny()[0].to(dtype).state_dict()
+        assert all(torch.equal(model.state_dict()[k], ref[k]) for k in ref)
