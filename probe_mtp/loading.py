@@ -156,14 +156,16 @@ def _load_auto(name, attn_implementation: str, device, convert_cache: bool):
 
 
 def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implementation: str):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source, **extra)
     options = {}
-    if "gguf_file" in extra:
+    gguf_config = getattr(transformers, "GgufConfig", None)  # absent from older transformers 5 releases
+    if "gguf_file" in extra and gguf_config is not None:
         # dense weights of `dtype`, as documented: transformers would otherwise keep a quantized
         # file's weights in GGUF blocks where it finds a kernel for them (fetched from the hub)
-        options["quantization_config"] = GgufConfig(dequantize=True)
+        options["quantization_config"] = gguf_config(dequantize=True)
     else:
         config = AutoConfig.from_pretrained(source, **extra)
         if _gguf_marked(config):  # a converted copy written before it was unmarked: dense float32 weights
