@@ -1,10 +1,10 @@
 """Process memory of a model in float32 and prepared by ``dtype="auto"``, each in a fresh process.
 
 For each dtype: the resident memory after loading, the peak while loading (and preparing), the
-peak over one ``model.generate`` and one ``probe_mtp.generate`` of 128 tokens, and the resident
-memory after forward passes over many prompt lengths (1 to --lengths tokens: kernels that keep
-state per input shape grow here).  Peaks are the process's high-water mark (``ru_maxrss``), which
-counts the file pages of a memory-mapped float32 copy as they are read.
+peak over one ``model.generate`` and then over one ``probe_mtp.generate`` of 128 tokens (the
+high-water mark reset before each), and the resident memory after forward passes over many prompt
+lengths (1 to --lengths tokens: kernels that keep state per input shape grow here).  Resident
+memory counts the file pages of a memory-mapped float32 copy as they are read.
 
     python scripts/memory.py --model smollm2-135m --threads 2
 """
@@ -36,7 +36,19 @@ def measure(model_name: str, dtype: str, lengths: int, threads: int) -> dict:
             return int(statm.read().split()[1]) * 4096 / 2**20
 
     def high_water() -> float:
+        """Peak resident memory since the start or the last reset_high_water() (VmHWM)."""
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def reset_high_water() -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")  # resets the peak to the present resident memory (Linux)
+        except OSError:
+            pass
 
     def trim() -> None:
         try:
@@ -50,15 +62,16 @@ def measure(model_name: str, dtype: str, lengths: int, threads: int) -> dict:
     row = {"dtype": probe_mtp.describe(model), "start": start, "loaded": resident(), "peak_load": high_water()}
     ids = tok(PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
+        reset_high_water()
         model.generate(ids, max_new_tokens=128, do_sample=False)
         row["peak_generate"] = high_water()
+        reset_high_water()
         probe_mtp.generate(model, ids, max_new_tokens=128)
         row["peak_probe"] = high_water()
         for n in range(1, lengths + 1):
             model(torch.randint(10, 1000, (1, n)))
     trim()
     row["after_lengths"] = resident()
-    row["peak_all"] = high_water()
     row["weight_mb"] = weight_bytes(model) / 2**20
     return row
 
