@@ -136,7 +136,7 @@ class RowPlan:
     def describe(self) -> str:
         if self.block:
             return f"rows in blocks of {self.block}"
-        return "calls zero-padded to a few row counts (2-8, by 8 to 64, by 32 beyond)"
+        return "calls zero-padded to a few row counts (2-8, by 8 to 128, by 16 to 256, by 32 beyond)"
 
     def widths(self) -> tuple[int, ...]:
         """Every row count a call to the kernel can have under this plan."""
@@ -147,13 +147,14 @@ class RowPlan:
 
 def bucket_rows(rows: int, most: int = MOST_ROWS) -> int:
     """The row count a call of ``rows`` rows (``1 <= rows <= most``) is padded to: 2 for a lone row,
-    the count itself up to 8, the next multiple of 8 up to 64, of 32 beyond (``most``, a multiple of
-    32, at most): 28 widths up to 512, at most 7% padding past 64 rows where a call costs most."""
+    the count itself up to 8, the next multiple of 8 up to 128, then of 16 up to 256 and of 32
+    beyond (``most``, a multiple of 32, at most).  38 widths up to 512; past 64 rows, where a call
+    costs in proportion to its rows, the padding stays under 1/8 of them."""
     if rows <= 1:
         return 2
     if rows <= 8:
         return rows
-    step = 8 if rows <= 64 else 32
+    step = 8 if rows <= 128 else 16 if rows <= 256 else 32
     return min(-(-rows // step) * step, most)
 
 

@@ -1,6 +1,8 @@
 """Process memory of a model in float32 and prepared by ``dtype="auto"``, each in a fresh process.
 
-For each dtype: the resident memory after loading, the peak while loading (and preparing), the
+Three ways: float32, ``dtype="auto"`` (loaded in bf16 and prepared), and a float32 model in use
+then prepared by ``probe_mtp.optimize`` (the peak while preparing).  For each: the resident memory
+after loading, the peak while loading (and preparing), the
 peak over one ``model.generate`` and then over one ``probe_mtp.generate`` of 128 tokens (the
 high-water mark reset before each), and the resident memory after forward passes over many prompt
 lengths (1 to --lengths tokens: kernels that keep state per input shape grow here).  Resident
@@ -58,9 +60,16 @@ def measure(model_name: str, dtype: str, lengths: int, threads: int) -> dict:
 
     start = resident()
     model, tok = probe_mtp.load_model(model_name, dtype="auto" if dtype == "auto" else torch.float32)
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    if dtype == "optimize":  # a float32 model in use (its pages read), then prepared in place
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=16, do_sample=False)
+        reset_high_water()
+        probe_mtp.optimize(model)
     trim()
     row = {"dtype": probe_mtp.describe(model), "start": start, "loaded": resident(), "peak_load": high_water()}
-    ids = tok(PROMPT, return_tensors="pt").input_ids
+    if dtype == "optimize":
+        row["dtype"] = "float32 in use, then optimize(): " + row["dtype"]
     with torch.no_grad():
         reset_high_water()
         model.generate(ids, max_new_tokens=128, do_sample=False)
@@ -81,13 +90,13 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", type=int, default=300, help="forward passes over prompts of 1..N tokens")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--child", choices=["float32", "auto"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["float32", "auto", "optimize"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.model, args.child, args.lengths, args.threads)))
         return
     rows = []
-    for dtype in ("float32", "auto"):
+    for dtype in ("float32", "auto", "optimize"):
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--lengths", str(args.lengths),
                               "--threads", str(args.threads), "--child", dtype],
                              capture_output=True, text=True, check=True)
@@ -95,7 +104,7 @@ def main() -> None:
     from probe_mtp.kernels import processor
 
     print(f"{args.model}, {processor().describe()}, {args.threads} threads, resident memory of the process, MB\n")
-    print("| dtype | weights | after loading | peak while loading | peak, model.generate | peak, probe-mtp "
+    print("| dtype | weights | after loading | peak while loading (preparing) | peak, model.generate | peak, probe-mtp "
           f"| after prompts of 1-{args.lengths} tokens |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
