@@ -135,8 +135,9 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
 def auto_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     """The dtype ``dtype="auto"`` loads a model in on ``device``: bf16 where :func:`optimize` will
     prepare it (a CPU with bf16 matrix units), float32 elsewhere (saying why, logger ``probe_mtp``).
-    Loading straight in bf16 casts each weight as ``optimize`` would (round to nearest even) without
-    ever holding a float32 copy, so preparing peaks below the float32 model."""
+    Loading straight in bf16 casts each weight as ``optimize`` would (round to nearest even) and
+    keeps no float32 copy; while transformers casts, the float32 file's pages are still resident
+    (a load peak above the float32 model's, for about a second; docs/exact-bf16.md)."""
     if torch.device(device).type != "cpu":
         log.info("dtype auto: float32 on %s (optimize() prepares CPU models)", device)
         return torch.float32
