@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from .attention import GROUPED_SDPA, grouped_query_attention, uses_grouped_attention
+from .clock import DeviceClock
 from .kernels import processor_name
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -210,9 +210,19 @@ def _head_padding(head_rows, head_seconds, max_rows: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- measuring
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _random_ids(vocab: int, length: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """``[1, length]`` token ids drawn reproducibly (a CPU generator, the same ids on every device),
+    then put on ``device``.  Every tensor is made on an explicit device: under another default
+    device (``torch.set_default_device``) nothing here changes."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (1, length), generator=gen, device="cpu").to(device)
+
+
+def _random_hidden(rows: int, width: int, like: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    """``[rows, width]`` normal values drawn reproducibly on the CPU, in ``like``'s dtype and on its
+    device."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(rows, width, generator=gen, device="cpu").to(device=like.device, dtype=like.dtype)
 
 
 def _long_context_for(model, context: int, long_context: int | None, widest: int) -> int | None:
@@ -245,7 +255,12 @@ def measure_cost_curve(
 
     With ``head`` (a usable :class:`~probe_mtp.head.SplitHead`) the output layer is first timed
     alone at each of ``head_rows`` rows, then each pass runs as the decoder runs it: the backbone,
-    then the output layer on the rows :meth:`CostCurve.head_padding` pads N to."""
+    then the output layer on the rows :meth:`CostCurve.head_padding` pads N to.
+
+    Each pass is timed by a :class:`~probe_mtp.clock.DeviceClock` on the model's device: on an
+    accelerator the time the device spent on it (events on its stream, after the work queued
+    before it has finished), not the time the host took to queue its kernels; on a CPU the wall
+    clock, as before."""
     from .architectures import attention_format
     from .kv import attention_inputs, keep_accepted, new_cache, start_recording
 
@@ -253,15 +268,16 @@ def measure_cost_curve(
     padding = _head_padding(head_rows, head_seconds, max(sizes)) if head is not None else None
 
     device = model.device
+    clock = DeviceClock(device)
     fmt = attention_format(model)
     vocab = model.get_input_embeddings().num_embeddings
     long_context = _long_context_for(model, context, long_context, max(sizes))
     contexts = (context,) if long_context is None else (context, long_context)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, contexts[-1] + max(sizes)), generator=gen).to(device)
+    ids = _random_ids(vocab, contexts[-1] + max(sizes), device)
     caches = {}
     for ctx in contexts:
-        caches[ctx] = new_cache(model, capacity=ctx + max(sizes))
+        with torch.device(device):  # transformers' sliding-window cache layers make a tensor without a device
+            caches[ctx] = new_cache(model, capacity=ctx + max(sizes))
         start_recording(caches[ctx])  # sliding-window layers keep a pass's entries until rollback
         model(input_ids=ids[:, :ctx], cache=caches[ctx], use_cache=True, logits_to_keep=1)
 
@@ -271,14 +287,10 @@ def measure_cost_curve(
         positions = torch.arange(ctx, ctx + n, device=device)
         attn = attention_inputs(cache, visible, positions, fmt)
         inputs = dict(input_ids=ids[:, ctx : ctx + n], attention_mask=attn, position_ids=positions[None], cache=cache, use_cache=True)
-        _sync(device)
-        t0 = time.perf_counter()
         if head is None:
-            model(**inputs)
+            _, elapsed = clock.elapsed(model, **inputs)
         else:
-            head.logits(head.hidden_states(**inputs), rows=int(padding[n]))
-        _sync(device)
-        elapsed = time.perf_counter() - t0
+            _, elapsed = clock.elapsed(lambda: head.logits(head.hidden_states(**inputs), rows=int(padding[n])))
         keep_accepted(cache, n, torch.zeros(0, dtype=torch.long, device=device))
         return elapsed
 
@@ -311,16 +323,11 @@ def measure_head(head, rows: tuple[int, ...] = HEAD_ROWS, rounds: int = 3) -> tu
     layer = head.head
     width = getattr(layer, "in_features", None) or layer.weight.shape[-1]
     like = head.model.get_input_embeddings().weight  # the model's dtype and device (a packed layer has no plain weight)
-    gen = torch.Generator().manual_seed(1)
-    hidden = torch.randn(max(rows), width, generator=gen).to(device=like.device, dtype=like.dtype)
-    device = like.device
+    hidden = _random_hidden(max(rows), width, like)
+    clock = DeviceClock(like.device)
 
     def one(m: int) -> float:
-        _sync(device)
-        t0 = time.perf_counter()
-        head.logits(hidden[:m])
-        _sync(device)
-        return time.perf_counter() - t0
+        return clock.elapsed(head.logits, hidden[:m])[1]
 
     fastest = _fastest_of_rounds(tuple(rows), lambda m: [one(m)], rounds)
     return tuple(float(fastest[m][0]) for m in rows)
@@ -336,10 +343,73 @@ def cache_dir() -> Path:
     return Path(base) / "probe-mtp"
 
 
+def accelerator_name(device: torch.device | str, runtime=None) -> str | None:
+    """The accelerator ``device`` names, as a curve's key records it: its kind, the device's own
+    name, its compute capability and the runtime torch was built with (``"cuda: NVIDIA H100 80GB
+    HBM3, capability 9.0, CUDA 12.8"``); None for the CPU (the processor is keyed on its own).
+
+    ``runtime``: torch's module for the device type (``torch.cuda``, ``torch.xpu``; read when None),
+    or a stand-in with the same ``get_device_name(device)`` / ``get_device_capability(device)``
+    functions and a ``version`` string.  What the runtime cannot say is left out, so a build of
+    torch without that runtime gives the device's kind alone, never an error."""
+    device = torch.device(device)
+    if device.type in ("cpu", "meta"):
+        return None
+    runtime = runtime if runtime is not None else _runtime(device.type)
+    parts = [_ask(runtime, "get_device_name", device)]
+    capability = _ask(runtime, "get_device_capability", device)
+    if isinstance(capability, (tuple, list)) and capability:
+        parts.append("capability " + ".".join(str(c) for c in capability))
+    elif isinstance(capability, dict) and capability:  # torch.xpu: a dict of the device's properties
+        parts.append("capability " + ", ".join(f"{k}={capability[k]}" for k in sorted(capability)))
+    version = getattr(runtime, "version", None)
+    if version:
+        parts.append(str(version))
+    named = ", ".join(str(p) for p in parts if p)
+    return f"{device.type}: {named}" if named else device.type
+
+
+def _runtime(kind: str):
+    """torch's module for device type ``kind`` with a ``version`` attribute added in a stand-in
+    namespace (``torch.version.cuda`` / ``hip`` / ``xpu``); None where torch has no such module."""
+    from types import SimpleNamespace
+
+    module = getattr(torch, kind, None)
+    if module is None:
+        return None
+    versions = {"cuda": ("cuda", "hip"), "xpu": ("xpu",)}.get(kind, ())
+    found = [f"{name.upper()} {getattr(torch.version, name)}" for name in versions
+             if getattr(torch.version, name, None)]
+    return SimpleNamespace(get_device_name=getattr(module, "get_device_name", None),
+                           get_device_capability=getattr(module, "get_device_capability", None),
+                           version=found[0] if found else None)
+
+
+def _ask(runtime, function: str, device: torch.device):
+    """``runtime.function(device)``, or None where the runtime lacks it or cannot answer (a build
+    of torch without that device, no driver)."""
+    call = getattr(runtime, function, None)
+    if not callable(call):
+        return None
+    try:
+        return call(device)
+    except (RuntimeError, AssertionError, AttributeError, ValueError, TypeError):
+        return None
+
+
 def curve_key(model, split_head: bool = False) -> dict:
     """What a curve depends on: the model, its dtype, device, attention implementation, torch's
-    thread count and version, the machine's processor model and count, and whether passes run the
-    output layer apart from the backbone."""
+    thread count and version, the machine's processor model and count, whether passes run the
+    output layer apart from the backbone and, off the CPU, the accelerator
+    (:func:`accelerator_name`: two GPUs of different makes keep a curve each)."""
+    key = _model_key(model, split_head)
+    accelerator = accelerator_name(model.device)
+    if accelerator is not None:  # absent on the CPU: the keys (and files) of CPU curves stay as they were
+        key["accelerator"] = accelerator
+    return key
+
+
+def _model_key(model, split_head: bool) -> dict:
     config = model.config
     return {
         "split_head": bool(split_head),

@@ -104,3 +104,67 @@ def test_cost_curve_is_measured_at_a_context_beyond_the_sliding_window(make):
     assert timed.head_rows == (1, 3, 8) and all(s > 0 for s in timed.head_seconds) and timed.cost(4, 200) > 0
     # no room for a long context within the model's positions: one row
     assert measure_cost_curve(model, sizes=(1, 2), context=130, rounds=1, long_context=1024).long_seconds is None
+
+
+# --------------------------------------------------------------------------- devices
+
+
+class FakeRuntime:
+    """Stands in for ``torch.cuda`` on a machine without a GPU: a device name, a capability and the
+    runtime's version."""
+
+    def __init__(self, name: str, capability=(9, 0), version: str | None = "CUDA 12.8"):
+        self.name, self.capability, self.version = name, capability, version
+
+    def get_device_name(self, device):
+        return self.name
+
+    def get_device_capability(self, device):
+        return self.capability
+
+
+def test_the_accelerator_is_named_by_make_capability_and_runtime():
+    from probe_mtp.cost import accelerator_name
+
+    h100 = accelerator_name("cuda:0", FakeRuntime("NVIDIA H100 80GB HBM3"))
+    assert h100 == "cuda: NVIDIA H100 80GB HBM3, capability 9.0, CUDA 12.8"
+    assert accelerator_name("cuda:0", FakeRuntime("NVIDIA A100-SXM4-40GB", (8, 0))) != h100
+    assert accelerator_name("cuda:0", FakeRuntime("NVIDIA H100 80GB HBM3", version="CUDA 13.0")) != h100
+    assert accelerator_name("cpu") is None and accelerator_name(torch.device("cpu"), FakeRuntime("x")) is None
+    # a runtime that cannot answer (torch built without it, no driver): the device's kind alone
+    assert accelerator_name("xpu", object()) == "xpu"
+    broken = FakeRuntime("unused")
+    broken.get_device_name = lambda device: (_ for _ in ()).throw(RuntimeError("no driver"))
+    assert accelerator_name("cuda", broken) == "cuda: capability 9.0, CUDA 12.8"
+    # this machine's torch, whatever its build: a name, never an error
+    assert accelerator_name("cuda").startswith("cuda") and accelerator_name("mps").startswith("mps")
+
+
+def test_the_curve_key_names_the_accelerator_off_the_cpu_only(monkeypatch):
+    from probe_mtp import cost
+
+    model = _tiny_llama("sdpa")
+    key = cost.curve_key(model)
+    assert "accelerator" not in key and key["device"] == "cpu" and key["torch"] == torch.__version__
+    names = iter(["cuda: NVIDIA H100 80GB HBM3, capability 9.0, CUDA 12.8", "cuda: NVIDIA L4, capability 8.9, CUDA 12.8"])
+    monkeypatch.setattr(cost, "accelerator_name", lambda device: next(names))
+    h100, l4 = cost.curve_key(model), cost.curve_key(model)
+    assert h100["accelerator"] != l4["accelerator"] and h100 != key
+    assert len({json.dumps(k, sort_keys=True) for k in (key, h100, l4)}) == 3  # three files
+
+
+@pytest.mark.parametrize("make", [_tiny_llama, _tiny_gemma], ids=["llama", "gemma3-sliding"])
+def test_cost_curve_makes_every_tensor_on_the_models_device(make):
+    """Under ``meta_default_device`` a tensor made without an explicit device has no data: the curve
+    (its inputs, cache, masks and the output layer's hidden states) is still measured, and sanely."""
+    from probe_mtp.device_audit import meta_default_device
+
+    model = make("sdpa")
+    head = SplitHead(model)
+    with meta_default_device():
+        curve = measure_cost_curve(model, sizes=(1, 2, 4), context=16, rounds=1, long_context=64)
+        timed = measure_cost_curve(model, sizes=(1, 2), context=16, rounds=1, long_context=None, head=head,
+                                   head_rows=(1, 3))
+    assert curve.sizes == (1, 2, 4) and curve.long_context == 64
+    assert all(0 < s < 5 for s in curve.seconds + curve.long_seconds)  # seconds, not a launch or a hang
+    assert timed.head_rows == (1, 3) and all(0 < s < 5 for s in timed.seconds + timed.head_seconds)
