@@ -90,6 +90,73 @@ def resolve_model_source(name: str | None) -> tuple[str, dict]:
     return name, {}  # a hub id: needs network, which the user may or may not have
 
 
+def available_devices() -> tuple[str, ...]:
+    """The devices a model can be loaded on here: ``"cpu"``, then each accelerator torch can use
+    (``"cuda:0"``, ``"cuda:1"``, ``"xpu:0"``, ``"mps:0"``; none with a CPU-only build of torch)."""
+    accelerator = _current_accelerator()
+    if accelerator is None:
+        return ("cpu",)
+    return ("cpu",) + tuple(f"{accelerator}:{i}" for i in range(_accelerator_count(accelerator)))
+
+
+def _current_accelerator() -> str | None:
+    """The device type of the accelerator this build of torch has (``"cuda"``, ``"xpu"``,
+    ``"mps"``), or None (:func:`_accelerator_count` says how many devices of it are there)."""
+    api = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if api is not None:
+        found = api.current_accelerator()
+        return None if found is None else found.type
+    for kind in ("cuda", "xpu"):
+        module = getattr(torch, kind, None)
+        if module is not None and module.is_available():
+            return kind
+    mps = getattr(torch.backends, "mps", None)
+    return "mps" if mps is not None and mps.is_available() else None
+
+
+def _accelerator_count(kind: str) -> int:
+    """How many devices of the accelerator ``kind`` torch can use here (0 without a driver)."""
+    api = getattr(torch, "accelerator", None)
+    if api is not None:
+        return int(api.device_count())
+    if kind == "mps":
+        return 1
+    return int(getattr(torch, kind).device_count())
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``, checked to be one a model can be loaded on here; a
+    ValueError naming it and the devices that are available otherwise (a misspelt name, an
+    accelerator this machine or this build of torch does not have, an index past the last one,
+    ``meta``, which holds no weights)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"unknown device {device!r}; {_available_text()}") from None
+    if parsed.type == "cpu":
+        return parsed
+    available = available_devices()
+    kinds = {d.split(":")[0] for d in available}
+    index_ok = parsed.index is None or f"{parsed.type}:{parsed.index}" in available
+    if parsed.type not in kinds or not index_ok:
+        raise ValueError(f"device {str(device)!r} is not available on this machine; {_available_text()}"
+                         + _build_note(parsed.type))
+    return parsed
+
+
+def _available_text() -> str:
+    return "available: " + ", ".join(available_devices())
+
+
+def _build_note(kind: str) -> str:
+    """Why an accelerator of type ``kind`` may be missing: a build of torch without its runtime."""
+    if kind == "cuda" and not (torch.version.cuda or getattr(torch.version, "hip", None)):
+        return f" (torch {torch.__version__} is built without CUDA)"
+    if kind == "xpu" and not getattr(torch.version, "xpu", None):
+        return f" (torch {torch.__version__} is built without XPU support)"
+    return ""
+
+
 def load_model(
     name: str | None = None,
     dtype: torch.dtype | str = torch.float32,
@@ -102,13 +169,22 @@ def load_model(
     ``name``: ``None`` or ``"smollm2-135m"`` (the embedded default), ``"gemma3-270m"``, a local
     Hugging Face folder, a ``.gguf`` file, or a hub id (only where the user has network).
     GGUF weights are dequantized to ``dtype``.  ``dtype="auto"``: the fastest exact choice on this
-    machine: where the processor has bf16 matrix units (AMX or AVX512-BF16), the model is loaded in
+    machine: on a CPU whose processor has bf16 matrix units (AMX or AVX512-BF16), the model is loaded in
     bf16 (each weight rounded from float32 as ``.to(torch.bfloat16)`` rounds it, no float32 copy held)
     and prepared by :func:`probe_mtp.optimize` (packed weights, row-invariant attention: probe-mtp
-    stays token-identical to ``model.generate`` on it); elsewhere it stays float32.  Which one it chose is logged (logger ``probe_mtp``) and
+    stays token-identical to ``model.generate`` on it); elsewhere it stays float32, on accelerators
+    too (:func:`probe_mtp.optimize.auto_dtype`: reduced precision there is not yet shown to stay
+    exact).  Which one it chose is logged (logger ``probe_mtp``) and
     :func:`probe_mtp.describe(model) <probe_mtp.optimize.describe>` says it.
     ``attn_implementation`` must be one that takes a tree mask: ``"sdpa"`` (default) or
     ``"eager"``.
+
+    ``device``: where the model is placed (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"xpu"``,
+    ``"mps"``); a device this machine does not have is a ValueError naming the available ones
+    (:func:`available_devices`), raised before anything is read.  Hugging Face folders and the
+    converted copies are read straight onto it in ``dtype`` (``device_map``), tensor by tensor,
+    without a model-sized copy on the host; a GGUF file read directly is dequantized on the host
+    (transformers does it there) and then moved.
 
     Reading a GGUF file is slow (transformers parses it three times: tokenizer, config, weights),
     so with ``convert_cache`` the first load writes the dequantized float32 weights and the
@@ -124,6 +200,7 @@ def load_model(
     auto = isinstance(dtype, str) and dtype == AUTO_DTYPE
     if not auto and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, or {AUTO_DTYPE!r}; got {dtype!r}")
+    device = resolve_device(device)
     if auto:
         return _load_auto(name, attn_implementation, device, convert_cache)
     return _load(name, dtype, attn_implementation, device, convert_cache)
@@ -132,10 +209,13 @@ def load_model(
 def _load(name, dtype: torch.dtype, attn_implementation: str, device, convert_cache: bool):
     source, extra = resolve_model_source(name)
     if convert_cache and "gguf_file" in extra:
-        model, tokenizer = _load_gguf_through_cache(Path(source) / extra["gguf_file"], dtype, attn_implementation)
+        model, tokenizer = _load_gguf_through_cache(Path(source) / extra["gguf_file"], dtype, attn_implementation,
+                                                    device)
     else:
-        model, tokenizer = _from_pretrained(source, extra, dtype, attn_implementation)
-    model.to(device)
+        # a GGUF file is dequantized on the host whatever the device: read there, then moved
+        placed = None if "gguf_file" in extra else device
+        model, tokenizer = _from_pretrained(source, extra, dtype, attn_implementation, device=placed)
+    model.to(device)  # nothing moves where the weights were read onto the device
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer
@@ -155,7 +235,11 @@ def _load_auto(name, attn_implementation: str, device, convert_cache: bool):
     return _load(name, torch.float32, attn_implementation, device, convert_cache)
 
 
-def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implementation: str):
+def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implementation: str,
+                     device: torch.device | None = None):
+    """The model and tokenizer at ``source`` in ``dtype``; with ``device``, each weight read
+    straight onto it (``device_map``, on the CPU too: the device asked for, not torch's default
+    device, decides)."""
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -171,6 +255,8 @@ def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implemen
         if _gguf_marked(config):  # a converted copy written before it was unmarked: dense float32 weights
             del config.quantization_config
             options["config"] = config
+    if device is not None:
+        options["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation,
                                                  **extra, **options)
     quantizer = getattr(model, "hf_quantizer", None)
@@ -197,14 +283,17 @@ def converted_dir(gguf: Path) -> Path:
     return cache_dir() / "models" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation: str):
-    """The GGUF model from its converted copy, writing the copy first when there is none; a copy
-    that cannot be read or written costs a warning and a direct load, never a failure."""
+def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation: str,
+                             device: torch.device = torch.device("cpu")):
+    """The GGUF model from its converted copy (read straight onto ``device`` in ``dtype``), writing
+    the copy first when there is none (that first load holds the float32 model on the host, as it
+    writes it, and then moves it); a copy that cannot be read or written costs a warning and a
+    direct load, never a failure."""
     folder = converted_dir(gguf)
     with _conversion_lock(folder):  # processes started together convert once; the others read the copy
         if (folder / CONVERTED_DONE).is_file():
             try:
-                model, tokenizer = _from_pretrained(str(folder), {}, dtype, attn_implementation)
+                model, tokenizer = _from_pretrained(str(folder), {}, dtype, attn_implementation, device=device)
             except Exception as exc:  # noqa: BLE001 - a damaged copy: say so, drop it, read the GGUF file
                 warnings.warn(f"the converted copy {folder} could not be read ({exc}); reading {gguf.name} instead",
                               stacklevel=3)
@@ -215,7 +304,7 @@ def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation
         model, tokenizer = _from_pretrained(str(gguf.parent), {"gguf_file": gguf.name}, torch.float32,
                                             attn_implementation)
         _write_converted(model, tokenizer, folder)
-    return model.to(dtype), tokenizer
+    return model.to(device=device, dtype=dtype), tokenizer
 
 
 @contextlib.contextmanager

@@ -33,13 +33,14 @@ def gguf(tmp_path, monkeypatch):
     reads = []
     real = loading._from_pretrained
 
-    def fake(source, extra, dtype, attn):
+    def fake(source, extra, dtype, attn, device=None):
         if "gguf_file" in extra:
+            assert device is None  # a GGUF file is dequantized on the host, then moved
             reads.append(dtype)
             model, tok = _tiny()
             model.config.name_or_path = source  # as transformers names a model read from a folder
             return model.to(dtype), tok
-        return real(source, extra, dtype, attn)
+        return real(source, extra, dtype, attn, device=device)
 
     monkeypatch.setattr(loading, "_from_pretrained", fake)
     return path, reads
@@ -137,3 +138,48 @@ def test_a_copy_marked_as_gguf_quantized_loads_as_the_dense_model_it_is(gguf, tm
         model.save_pretrained(tmp_path / f"saved-{dtype}")
         ref = _tiny()[0].to(dtype).state_dict()
         assert all(torch.equal(model.state_dict()[k], ref[k]) for k in ref)
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "xpu", "mps", "meta", "cudaa", "gpu"])
+def test_a_device_this_machine_lacks_is_a_clear_error_before_anything_is_read(gguf, device):
+    """Unless the machine has that accelerator (the suite may run on a GPU), loading on it is a
+    ValueError naming the device and the available ones, raised before the model is read."""
+    path, reads = gguf
+    if any(device in (d, d.split(":")[0]) for d in loading.available_devices()):
+        pytest.skip(f"this machine has {device}")
+    with pytest.raises(ValueError, match=f"{device!r}.*available: cpu") as error:
+        loading.load_model(str(path), device=device)
+    assert reads == [] and "Traceback" not in str(error.value)
+    assert loading.available_devices()[0] == "cpu"
+    assert loading.resolve_device("cpu") == torch.device("cpu")
+
+
+def test_a_bf16_load_on_the_cpu_holds_the_float32_weights_rounded(gguf, tmp_path):
+    """``device="cpu"`` with ``dtype=torch.bfloat16``, through the converted copy and from a Hugging
+    Face folder: every weight in bf16, equal to the float32 weight cast."""
+    path, _ = gguf
+    ref = _tiny()[0].state_dict()
+    loading.load_model(str(path))  # writes the copy
+    folder = tmp_path / "folder"
+    model, tok = _tiny()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    for source in (str(path), str(folder)):
+        for device in ("cpu", torch.device("cpu")):
+            half, _ = loading.load_model(source, dtype=torch.bfloat16, device=device)
+            weights = half.state_dict()
+            assert half.device == torch.device("cpu") and {w.dtype for w in weights.values()} == {torch.bfloat16}
+            assert all(torch.equal(weights[k], ref[k].to(torch.bfloat16)) for k in ref)
+
+
+def test_dtype_auto_off_the_cpu_means_float32(caplog):
+    import logging
+
+    from probe_mtp.optimize import auto_dtype
+
+    with caplog.at_level(logging.INFO, logger="probe_mtp"):
+        assert auto_dtype(torch.device("cuda")) == torch.float32
+    assert "float32 on cuda" in caplog.text
