@@ -1,4 +1,10 @@
-"""Shared fixtures: each embedded model is loaded once per test session."""
+"""Shared fixtures: each embedded model is loaded once per test session, on the test device.
+
+``PROBE_MTP_TEST_DEVICE`` (default ``cpu``; e.g. ``cuda``, ``cuda:1``) names the device the
+session's models (``smollm2``, ``gemma3``), the ids of :func:`chat_ids` and the ``test_device``
+fixture's tiny models are on.  Where this machine does not have it, the tests that need it skip,
+saying why; tests marked ``cpu_only`` (CPU kernels, processor flags, resident memory) skip on any
+other device."""
 
 from __future__ import annotations
 
@@ -9,39 +15,72 @@ import pytest
 import torch
 
 import probe_mtp
+from probe_mtp.loading import resolve_device
+from probe_mtp.optimize import OptimizeError
 from probe_mtp.prompts import balanced_subset, chat_input_ids, load_prompts
 
 # at most 2 threads per test process; under pytest-xdist (make test) the cores are shared by the workers
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // WORKERS)))
 
+TEST_DEVICE_ENV = "PROBE_MTP_TEST_DEVICE"
+
+
+def device_under_test() -> str:
+    """``$PROBE_MTP_TEST_DEVICE`` as given, ``cpu`` when unset or empty."""
+    return os.environ.get(TEST_DEVICE_ENV, "").strip() or "cpu"
+
+
+def on_cpu() -> bool:
+    """Whether the session tests on the CPU (``cpu`` or ``cpu:N``)."""
+    return device_under_test().partition(":")[0] == "cpu"
+
 
 @pytest.fixture(scope="session")
-def smollm2():
-    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, fp32, sdpa."""
-    return probe_mtp.load_model("smollm2-135m")
+def test_device() -> torch.device:
+    """The session's test device (``PROBE_MTP_TEST_DEVICE``), checked to exist here; tests that
+    take it skip, with the reason, where it does not."""
+    try:
+        return resolve_device(device_under_test())
+    except ValueError as exc:
+        pytest.skip(f"{TEST_DEVICE_ENV}={device_under_test()}: {exc}")
 
 
 @pytest.fixture(scope="session")
-def gemma3():
-    """(model, tokenizer) of the embedded Gemma 3 270M, fp32, sdpa (about a minute to load)."""
-    return probe_mtp.load_model("gemma3-270m")
+def smollm2(test_device):
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, fp32, sdpa, on the test device."""
+    return probe_mtp.load_model("smollm2-135m", device=test_device)
+
+
+@pytest.fixture(scope="session")
+def gemma3(test_device):
+    """(model, tokenizer) of the embedded Gemma 3 270M, fp32, sdpa, on the test device (about a
+    minute to load)."""
+    return probe_mtp.load_model("gemma3-270m", device=test_device)
+
+
+def prepared_copy(loaded):
+    """``(a copy of the model prepared by probe_mtp.optimize, tokenizer)``; the test skips with
+    optimize's own reason where it refuses (a model off the CPU)."""
+    model, tokenizer = loaded
+    try:
+        return probe_mtp.optimize(copy.deepcopy(model), require_matrix_units=False), tokenizer
+    except OptimizeError as exc:
+        pytest.skip(f"{TEST_DEVICE_ENV}={device_under_test()}: probe_mtp.optimize refused: {exc}")
 
 
 @pytest.fixture(scope="session")
 def smollm2_bf16(smollm2):
     """The session's SmolLM2 prepared by ``probe_mtp.optimize`` (bf16, packed, exact attention), a
     copy: the fp32 fixture stays as it is.  Prepared on any processor (bf16 computes everywhere;
-    only the speed needs matrix units)."""
-    model, tokenizer = smollm2
-    return probe_mtp.optimize(copy.deepcopy(model), require_matrix_units=False), tokenizer
+    only the speed needs matrix units); skipped off the CPU."""
+    return prepared_copy(smollm2)
 
 
 @pytest.fixture(scope="session")
 def gemma3_bf16(gemma3):
-    """The session's Gemma 3 270M prepared by ``probe_mtp.optimize`` (a copy)."""
-    model, tokenizer = gemma3
-    return probe_mtp.optimize(copy.deepcopy(model), require_matrix_units=False), tokenizer
+    """The session's Gemma 3 270M prepared by ``probe_mtp.optimize`` (a copy); skipped off the CPU."""
+    return prepared_copy(gemma3)
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +89,9 @@ def specbench():
 
 
 def chat_ids(tokenizer, text: str) -> torch.Tensor:
-    return chat_input_ids(tokenizer, [{"role": "user", "content": text}])
+    """``[1, L]`` chat-template ids of one user turn, on the test device (the session's models'
+    device)."""
+    return chat_input_ids(tokenizer, [{"role": "user", "content": text}]).to(device_under_test())
 
 
 def task_prompts(prompts, per_task: int):
@@ -124,10 +165,16 @@ REAL_MODEL_FIXTURES = {"smollm2": "model", "gemma3": "gemma"}
 
 def pytest_collection_modifyitems(config, items):
     """A test that loads a real model (directly or through another fixture) is marked ``model``
-    (``gemma`` too for Gemma 3), so the fast loop can leave it out whatever folder it is in."""
+    (``gemma`` too for Gemma 3), so the fast loop can leave it out whatever folder it is in.  Off
+    the CPU (``PROBE_MTP_TEST_DEVICE``), tests marked ``cpu_only`` are skipped, with the reason."""
+    cpu_skip = None if on_cpu() else pytest.mark.skip(
+        reason=f"cpu_only: tests a CPU path (oneDNN packing, processor flags, heap, resident memory); "
+        f"{TEST_DEVICE_ENV}={device_under_test()}")
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         for fixture, marker in REAL_MODEL_FIXTURES.items():
             if fixture in used:
                 item.add_marker("model")
                 item.add_marker(marker)
+        if cpu_skip is not None and item.get_closest_marker("cpu_only") is not None:
+            item.add_marker(cpu_skip)

@@ -123,6 +123,7 @@ def test_report_with_tuned_masks_and_confadapt(smollm2, tmp_path):
     assert "Agreement with greedy per task" in (out / "summary.md").read_text()
 
 
+@pytest.mark.cpu_only  # resident memory of CPU processes
 def test_memory_measurement_of_one_generation(smollm2):
     from probe_mtp.report.memory import MKL_CACHE_SWITCH, measure
 

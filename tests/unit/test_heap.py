@@ -7,6 +7,8 @@ import torch
 
 from probe_mtp.heap import heap_trimmer
 
+pytestmark = pytest.mark.cpu_only  # glibc heap trimming of the host process
+
 
 def test_heap_trimmer_runs_on_the_cpu_and_is_skipped_elsewhere():
     trim = heap_trimmer(torch.device("cpu"), every=3)

@@ -19,6 +19,7 @@ def _logits(seed: int, rows: int, vocab: int, ties: bool) -> torch.Tensor:
     return x
 
 
+@pytest.mark.cpu_only  # the block reduction is the CPU path (accelerators call torch directly)
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 5), blocks=st.sampled_from([8, 64, 300]),
        extra=st.sampled_from([0, 0, 7]), ties=st.booleans())
@@ -27,6 +28,7 @@ def test_vocab_argmax_is_torch_argmax_including_first_of_ties(seed, rows, blocks
     assert torch.equal(vocab_argmax(x), x.argmax(dim=-1))
 
 
+@pytest.mark.cpu_only  # the block reduction is the CPU path (accelerators call torch directly)
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 5), blocks=st.sampled_from([8, 64, 300]),
        extra=st.sampled_from([0, 0, 7]), k=st.integers(1, 12), ties=st.booleans())
@@ -41,6 +43,7 @@ def test_vocab_topk_has_torch_topk_values_and_valid_indices(seed, rows, blocks, 
         assert torch.equal(indices, expected.indices)
 
 
+@pytest.mark.cpu_only  # the block reduction is the CPU path (accelerators call torch directly)
 def test_vocab_argmax_keeps_the_nan_convention_and_works_on_row_views():
     x = _logits(0, 3, 64 * BLOCK, False)
     x[1, 100] = float("nan")
