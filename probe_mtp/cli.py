@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 
 from .distill.cli import add_tune_parser
 from .options import add_config_arguments, add_model_arguments, config_from_args
-from .report.cli import add_bench_parser, add_report_parser
+from .report.cli import add_bench_parser, add_device_argument, add_report_parser
 
 def cmd_generate(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
     from .decoder import ProbeDecoder
-    from .loading import load_model
+    from .loading import load_model, resolve_device
     from .prompts import chat_input_ids
 
     console = Console()
@@ -25,19 +24,20 @@ def cmd_generate(args) -> int:
         console.print("[red]error:[/red] the prompt is empty")
         return 2
     from .optimize import describe
+    from .report.timing import wall_seconds
 
-    with console.status("loading model..."):
-        model, tokenizer = load_model(args.model, dtype=args.dtype)
+    device = resolve_device(args.device)  # a device this machine lacks: an error before anything is loaded
+    with console.status(f"loading model on {device}..."):
+        model, tokenizer = load_model(args.model, dtype=args.dtype, device=device)
     console.print(f"[dim]{describe(model)}[/dim]", highlight=False)
-    ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}])
+    ids = chat_input_ids(tokenizer, [{"role": "user", "content": args.prompt}]).to(model.device)
     decoder = ProbeDecoder(model, tokenizer, **config_from_args(args))
     decoder.generate(ids, max_new_tokens=4)  # warm-up, untimed
     out = decoder.generate(ids, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
     text = tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
     console.print(text, markup=False, highlight=False)
-    t0 = time.perf_counter()
-    ref = model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens)
-    ref_seconds = time.perf_counter() - t0
+    ref, ref_seconds = wall_seconds(model.device, model.generate, ids, do_sample=False,
+                                    max_new_tokens=args.max_new_tokens)
     stats = out.stats
     table = Table(title="probe-mtp vs model.generate (greedy, same prompt, same run)")
     for col in ("method", "new tokens", "forward passes", "tau", "tokens/s", "identical"):
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--max-new-tokens", type=int, default=128)
     add_model_arguments(g)
+    add_device_argument(g)
     add_config_arguments(g)
     g.set_defaults(func=cmd_generate)
     add_report_parser(sub)

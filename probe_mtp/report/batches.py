@@ -16,11 +16,12 @@ in an order rotated from batch to batch, and each row adds the speedup over it w
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .timing import wall_seconds
 
 BOOTSTRAP_ROUNDS = 2000
 MAX_BATCH = 64
@@ -100,15 +101,16 @@ class BatchRow:
                 "fp32_identical": fp32.identical if fp32 else None}
 
 
-def left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, P]`` ids and attention mask of 1-row id tensors, padded on the left."""
+def left_padded(rows: list[torch.Tensor], pad: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, P]`` ids and attention mask of 1-row id tensors, padded on the left, on ``device``
+    (assembled on the host, moved once)."""
     width = max(r.shape[1] for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device="cpu")
     for i, r in enumerate(rows):
         ids[i, width - r.shape[1] :] = r[0]
         mask[i, width - r.shape[1] :] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def generated_tokens(out: torch.Tensor, prompt_width: int, eos: set[int]) -> int:
@@ -157,7 +159,7 @@ def measure_batches(model, decoder, prompt_ids: list[torch.Tensor], sizes: list[
         batches = [prompt_ids[i : i + size] for i in range(0, len(prompt_ids) - size + 1, size)]
         if not batches:
             raise ValueError(f"batch size {size} needs at least {size} prompts; there are {len(prompt_ids)}")
-        warm_ids, warm_mask = left_padded(batches[0], pad_token_id)
+        warm_ids, warm_mask = left_padded(batches[0], pad_token_id, model.device)
         for generate in generators.values():
             generate(warm_ids, attention_mask=warm_mask, do_sample=False, max_new_tokens=4, pad_token_id=pad_token_id)
         decoder.generate(warm_ids, attention_mask=warm_mask, max_new_tokens=4, pad_token_id=pad_token_id)
@@ -168,17 +170,16 @@ def measure_batches(model, decoder, prompt_ids: list[torch.Tensor], sizes: list[
         times = {who: [] for who in (*generators, "probe")}
         tokens, fp32_tokens, accepted, identical, fp32_identical = 0, 0, [], 0, 0
         for j, batch in enumerate(batches):
-            ids, mask = left_padded(batch, pad_token_id)
+            ids, mask = left_padded(batch, pad_token_id, model.device)
             kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id)
             timed = {}
             order = list(times)
             for who in order[j % len(order):] + order[: j % len(order)]:  # rotated from batch to batch
-                t0 = time.perf_counter()
                 if who == "probe":
-                    result = decoder.generate(ids, return_dict_in_generate=True, **kw)
+                    result, seconds = wall_seconds(model.device, decoder.generate, ids, return_dict_in_generate=True, **kw)
                 else:
-                    result = generators[who](ids, do_sample=False, **kw)
-                times[who].append(time.perf_counter() - t0)
+                    result, seconds = wall_seconds(model.device, generators[who], ids, do_sample=False, **kw)
+                times[who].append(seconds)
                 timed[who] = result
             ref, out = timed["generate"], timed["probe"]
             identical += int(torch.equal(ref, out.sequences))

@@ -51,6 +51,15 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
     return r
 
 
+DEVICE_HELP = ("where the model runs: cpu (default), cuda, cuda:1, xpu, mps; a device this machine does not have is an "
+               "error naming the ones it has. --dtype auto means float32 off the CPU")
+
+
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    """``--device`` (``report``, ``bench``, ``generate``): passed to :func:`probe_mtp.load_model`."""
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+
+
 def add_run_arguments(r, budget: str, limit: int | None, tokens: int | None, drafters: str = "every drafter",
                       limit_note: str | None = None, tokens_note: str | None = None, warmup: int = 16) -> None:
     """The options ``report`` and ``bench`` share: the model, the prompts, and every decoder knob of
@@ -58,6 +67,7 @@ def add_run_arguments(r, budget: str, limit: int | None, tokens: int | None, dra
     ``--acceptance`` take comma lists: every value is measured).  ``limit`` / ``tokens`` None: the
     command resolves them (``limit_note`` / ``tokens_note`` say how)."""
     add_model_arguments(r)
+    add_device_argument(r)
     add_config_arguments(r, sweep=True, defaults={"budget": budget}, aliases={"drafter": ("--methods",)},
                          notes={"drafter": drafters})
     r.add_argument("--prompts", default=None, metavar="FILE.jsonl",
@@ -168,6 +178,9 @@ def prepare_run(args, loaded=None, default: bool = True):
     progress_console = Console(stderr=True)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    from ..loading import resolve_device
+
+    device = resolve_device(args.device)
     settings = settings_from_args(args, default=default)
     prompts = select_prompts(settings)
     sizes = batch_sizes(args)
@@ -185,13 +198,13 @@ def prepare_run(args, loaded=None, default: bool = True):
         from ..loading import load_model
         from ..optimize import describe, is_optimized
 
-        with progress_console.status(f"loading {settings.model}..."):
-            model, tokenizer = load_model(args.model, dtype=args.dtype)
+        with progress_console.status(f"loading {settings.model} on {device}..."):
+            model, tokenizer = load_model(args.model, dtype=args.dtype, device=device)
         progress_console.print(f"{settings.model}: {describe(model)}", highlight=False)
         reference = None
         if is_optimized(model):
             with progress_console.status(f"loading {settings.model} in float32 (the generate fp32 baseline)..."):
-                reference, _ = load_model(args.model, dtype=torch.float32)
+                reference, _ = load_model(args.model, dtype=torch.float32, device=device)
     else:
         model, tokenizer, reference = (*loaded, None)[:3]
     return console, progress_console, settings, prompts, model, tokenizer, reference
@@ -357,6 +370,9 @@ def cmd_bench(args, loaded=None) -> int:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.memory_tokens < 0:
         raise ValueError(f"--memory-tokens must be >= 0, got {args.memory_tokens}")
+    if args.memory_tokens and str(args.device).partition(":")[0] != "cpu":
+        raise ValueError(f"--memory-tokens measures the resident memory of CPU processes; it cannot measure a model on "
+                         f"--device {args.device} (leave it out, or use --device cpu)")
     if args.drafter is None:
         args.drafter = ("esp",)
     console, progress_console, settings, prompts, model, tokenizer, reference = prepare_run(args, loaded, default=False)
@@ -378,7 +394,8 @@ def cmd_bench(args, loaded=None) -> int:
         reports.append(run_report(model, tokenizer, settings, prompts, progress=not args.no_progress,
                                   console=progress_console, reference_model=reference))
     rows = speed_rows(reports, curve)
-    title = (f"probe-mtp bench: {settings.model} ({reports[0].dtype_label}), {len(prompts)} prompts, stream "
+    title = (f"probe-mtp bench: {settings.model} ({reports[0].dtype_label}) on {reports[0].device_label}, "
+             f"{len(prompts)} prompts, stream "
              f"{settings.stream}, {settings.max_new_tokens} tokens, {args.repeats} repetitions, "
              f"{torch.get_num_threads()} threads, memory {'/'.join(settings.memory)}")
     console.print(rich_speed_table(rows, title))
@@ -438,7 +455,7 @@ def bench_batches(args, model, tokenizer, settings, prompts, console, progress_c
     from pathlib import Path
 
     from .batches import batch_sentence, markdown_batch_table
-    from .harness import environment
+    from .harness import device_label, environment
 
     rows = run_batches(args, model, tokenizer, settings, prompts, console, progress_console, reference)
     models = {"model": model, "fp32": reference} if reference is not None else {"model": model}
@@ -451,7 +468,8 @@ def bench_batches(args, model, tokenizer, settings, prompts, console, progress_c
                    "peak_rss_mb": peak, "batches": [r.as_dict() for r in rows]}
         write_files(out, {
             "bench.json": json.dumps(payload, indent=1),
-            "bench.md": f"# probe-mtp bench --batch: {settings.model} ({env['dtype']}), {len(prompts)} prompts, "
+            "bench.md": f"# probe-mtp bench --batch: {settings.model} ({env['dtype']}) on {device_label(env)}, "
+            f"{len(prompts)} prompts, "
             f"{settings.max_new_tokens} new tokens, {env['processor']}, {env['torch_threads']} threads\n\n"
             f"kernels: {env['kernels']}\n\n"
             + markdown_batch_table(rows) + "\n" + batch_sentence(rows) + "\n\n" + peak_memory_line(peak, models) + "\n",

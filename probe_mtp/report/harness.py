@@ -47,6 +47,7 @@ from ..version import __version__
 from .baselines import BASELINES, DEFAULT, GREEDY, GREEDY_FP32, HF_PLD
 from .streams import DEFAULT_STREAM, StreamTurn, build_stream, check_stream
 from .summary import summarize
+from .timing import wall_seconds
 
 SCHEMA = "probe-mtp-report/2"
 READABLE_SCHEMAS = ("probe-mtp-report/1", SCHEMA)
@@ -322,15 +323,12 @@ def _hf_method(model, name: str, label: str, **generate_kwargs) -> Method:
     def run(ids: torch.Tensor, max_new_tokens: int) -> Run:
         counter = _PassCounter()
         attention_mask = torch.ones_like(ids)
-        t0 = time.perf_counter()
         handle = model.register_forward_pre_hook(counter, with_kwargs=True)
         try:
-            out = model.generate(
-                ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=max_new_tokens, **generate_kwargs
-            )
+            out, seconds = wall_seconds(model.device, model.generate, ids, attention_mask=attention_mask,
+                                        do_sample=False, max_new_tokens=max_new_tokens, **generate_kwargs)
         finally:
             handle.remove()
-        seconds = time.perf_counter() - t0
         tokens = out[0, ids.shape[1]:].tolist()
         accepted, first = counter.accepted_lengths(ids.shape[1], len(tokens))
         if accepted is None and name in (GREEDY, GREEDY_FP32):
@@ -344,9 +342,8 @@ def _decoder_run(decoder: ProbeDecoder, knobs: dict) -> Callable[[torch.Tensor, 
     """A timed ``decoder.generate`` with ``knobs`` (none: the decoder's own configuration)."""
 
     def run(ids: torch.Tensor, max_new_tokens: int) -> Run:
-        t0 = time.perf_counter()
-        out = decoder.generate(ids, max_new_tokens=max_new_tokens, return_dict_in_generate=True, **knobs)
-        seconds = time.perf_counter() - t0
+        out, seconds = wall_seconds(decoder.model.device, decoder.generate, ids, max_new_tokens=max_new_tokens,
+                                    return_dict_in_generate=True, **knobs)
         s = out.stats
         tokens = out.sequences[0, ids.shape[1]:].tolist()
         first = len(tokens) - sum(s.accepted_lengths)  # 1, or more when confadapt emits at prefill
@@ -481,6 +478,11 @@ class Report:
         return resolved if resolved == requested else f"{resolved}; requested {requested}"
 
     @property
+    def device_label(self) -> str:
+        """Where the run computed (:func:`device_label`): ``cpu``, ``cuda:0 (NVIDIA ...)``."""
+        return device_label(self.environment)
+
+    @property
     def default_labels(self) -> list[str]:
         """The rows of the default configuration (one, or one per memory mode)."""
         seen = []
@@ -533,11 +535,33 @@ def resolved_dtype(model) -> str:
     return f"{name} prepared" if is_optimized(model) else name
 
 
+def device_fields(model=None) -> dict:
+    """``{"device": "cuda:0", "accelerator": "cuda: NVIDIA H100 ..., capability 9.0, CUDA 12.8"}``:
+    where ``model`` computed and, off the CPU, which accelerator that is
+    (:func:`probe_mtp.cost.accelerator_name`; None on the CPU, and both None without a model)."""
+    from ..cost import accelerator_name
+
+    if model is None:
+        return {"device": None, "accelerator": None}
+    return {"device": str(model.device), "accelerator": accelerator_name(model.device)}
+
+
+def device_label(environment: dict) -> str:
+    """``cpu``, or ``cuda:0 (NVIDIA H100 80GB HBM3, capability 9.0, CUDA 12.8)``: the device of a
+    report's environment (``cpu`` for a report written before devices were recorded: every
+    earlier run was on the CPU)."""
+    device = environment.get("device") or "cpu"
+    accelerator = environment.get("accelerator") or ""
+    _, _, named = accelerator.partition(": ")
+    return f"{device} ({named})" if named else device
+
+
 def environment(model=None, reference_model=None) -> dict:
     """The machine and library versions; with ``model``: the dtype it resolved to
-    (:func:`resolved_dtype`; the settings keep the requested one, e.g. ``auto``) and its kernels
-    (:func:`probe_mtp.optimize.describe`); ``fp32_reference``: the kernels of the float32 model
-    measured beside a prepared one (None without one)."""
+    (:func:`resolved_dtype`; the settings keep the requested one, e.g. ``auto``), its kernels
+    (:func:`probe_mtp.optimize.describe`) and its device (:func:`device_fields`);
+    ``fp32_reference``: the kernels of the float32 model measured beside a prepared one (None
+    without one)."""
     import numpy
     import transformers
 
@@ -551,6 +575,7 @@ def environment(model=None, reference_model=None) -> dict:
     return {
         "dtype": resolved_dtype(model) if model is not None else None,
         "kernels": describe(model) if model is not None else None,
+        **device_fields(model),
         "matrix_units": processor().matrix_units,
         "fp32_reference": describe(reference_model) if reference_model is not None else None,
         "torch_threads": torch.get_num_threads(),

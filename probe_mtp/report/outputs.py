@@ -269,7 +269,7 @@ def markdown_summary(report: Report) -> str:
     lines += [f"**{line}**" for line in verdict_lines(report, summary)]
     lines += [
         "",
-        f"- model: `{s['model']}` ({report.dtype_label}), {s['max_new_tokens']} new tokens per turn, "
+        f"- model: `{s['model']}` ({report.dtype_label}) on {report.device_label}, {s['max_new_tokens']} new tokens per turn, "
         f"{n_turns} prompt turns (up to {s['limit'] or 'all'} prompts per task"
         + (f"; the equal-budget methods on the first {s['method_limit']} per task" if s.get("method_limit") else "")
         + f"), seed {s['seed']}" + (", `--full`" if s.get("full") else ""),
@@ -425,7 +425,7 @@ def default_table(report: Report, summary: list[dict] | None = None):
     table = Table(
         title=f"probe-mtp default configuration (probe_mtp.generate as it comes: hybrid, budget auto, masks auto, "
         f"memory {'/'.join(s.get('memory') or ['warm'])}) against model.generate greedy and transformers' prompt lookup: "
-        f"{s['model']} ({report.dtype_label}), {s['max_new_tokens']} new tokens per turn, same prompts, same run"
+        f"{s['model']} ({report.dtype_label}) on {report.device_label}, {s['max_new_tokens']} new tokens per turn, same prompts, same run"
         + (f"; {GREEDY_FP32}: model.generate on the unprepared float32 model" if has_fp32(report) else ""),
         title_justify="left",
     )
@@ -515,7 +515,7 @@ def rich_table(report: Report):
 
     s = report.settings
     table = Table(
-        title=f"probe-mtp report: {s['model']} ({report.dtype_label}), {s['max_new_tokens']} new tokens per turn; "
+        title=f"probe-mtp report: {s['model']} ({report.dtype_label}) on {report.device_label}, {s['max_new_tokens']} new tokens per turn; "
         f"x generate / x hf-pld: speedup over model.generate greedy / transformers' prompt lookup, same run",
         title_justify="left",
     )

@@ -92,7 +92,8 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
             tasks.append(row["task"])
     by = {(row["task"], row["label"]): row for row in summary}
     others = [m for m in report.methods if m != GREEDY]
-    title = f"{report.settings['model']} ({report.dtype_label}), {report.settings['max_new_tokens']} new tokens"
+    title = (f"{report.settings['model']} ({report.dtype_label}) on {report.device_label}, "
+             f"{report.settings['max_new_tokens']} new tokens")
     written = []
     first = _default_plot(report, summary, title, out_dir)
     if first is not None:
