@@ -26,3 +26,16 @@ def test_cost_curve_disk_cache(tmp_path, monkeypatch, smollm2):
     assert curve_key(model)["processor"] == processor_name() != ""
     monkeypatch.setattr(cost, "processor_name", lambda: "another processor")
     assert curve_path(model) != path
+
+
+def test_cost_curve_on_the_test_device_names_it_and_makes_no_tensor_elsewhere(smollm2):
+    """On the session's device (``PROBE_MTP_TEST_DEVICE``): the key names the accelerator off the
+    CPU, and a short curve measured with torch's default device set to ``meta`` is a sane one (every
+    tensor made on the model's device; on an accelerator, device time from events)."""
+    from probe_mtp.device_audit import meta_default_device
+
+    model, _ = smollm2
+    assert ("accelerator" in curve_key(model)) == (model.device.type != "cpu")
+    with meta_default_device():
+        curve = cost.measure_cost_curve(model, sizes=(1, 4), context=32, rounds=1, long_context=None)
+    assert curve.sizes == (1, 4) and all(0 < s < 10 for s in curve.seconds)
