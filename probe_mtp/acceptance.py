@@ -33,6 +33,7 @@ from .verify import (
     accept_greedy_lazily,
     accept_recursive_rejection,
     accept_sample_and_match,
+    accept_sample_and_match_at_once,
     node_targets,
     process_node_logits,
     process_node_row,
@@ -77,10 +78,11 @@ class AcceptanceRule(ABC):
 
 
 class Greedy(AcceptanceRule):
-    """The greedy walk.  On a CPU it asks only the nodes it reaches (about tau rows, not the
-    tree) for their processed row and argmax, and reads the argmax from ``tops`` where no processor
-    changes the logits; processed rows are made again when the stopping criteria read them rather
-    than all kept.  Elsewhere it processes every row and moves the targets to the host once."""
+    """The greedy walk.  It reads the argmax from ``tops`` (on the host already) where no processor
+    changes the logits.  Otherwise, on a CPU, it asks only the nodes it reaches (about tau rows,
+    not the tree) for their processed row and argmax, and processed rows are made again when the
+    stopping criteria read them rather than all kept; on an accelerator it processes every row and
+    moves the targets to the host in one transfer."""
 
     def __init__(self, processors, lazy: bool):
         super().__init__(processors)
@@ -88,7 +90,9 @@ class Greedy(AcceptanceRule):
 
     def __call__(self, tree, node_logits, context, tops=None) -> Verdict:
         processors = self.processors
-        if not self.lazy:
+        # off the CPU the walk reads the tops when they answer (no processor changes the logits);
+        # else it moves every node's target to the host at once: one transfer, not one per node
+        if not self.lazy and (tops is None or processors):
             scores = process_node_logits(processors, context, tree, node_logits)
             targets = node_targets(scores)  # one transfer beats a sync per node
             path = accept_greedy(tree, targets)
@@ -109,9 +113,14 @@ class Greedy(AcceptanceRule):
 
 
 class SampleAndMatch(AcceptanceRule):
-    def __init__(self, processors, generator: torch.Generator | None):
+    """Sample-and-match.  On a CPU each draw is made when the walk reaches its node; on an
+    accelerator every node's draw is made up front and read back at once, drawing the same tokens
+    (:func:`~probe_mtp.verify.accept_sample_and_match_at_once`)."""
+
+    def __init__(self, processors, generator: torch.Generator | None, lazy: bool = True):
         super().__init__(processors)
         self.generator = generator
+        self.lazy = lazy
 
     def __call__(self, tree, node_logits, context, tops=None) -> Verdict:
         scores = process_node_logits(self.processors, context, tree, node_logits)
@@ -119,6 +128,10 @@ class SampleAndMatch(AcceptanceRule):
         return self._verdict(tree, path, bonus, [scores[j : j + 1] for j in path.tolist()])  # views
 
     def walk(self, tree: TokenTree, probs: torch.Tensor):
+        if not self.lazy and tree.size > 1:
+            walked = accept_sample_and_match_at_once(tree, probs, self.generator)
+            if walked is not None:
+                return walked
         return accept_sample_and_match(tree, probs, self.generator)
 
 
@@ -131,7 +144,7 @@ class RecursiveRejection(SampleAndMatch):
     needs_whole_tree = True
 
     def __init__(self, processors, generator: torch.Generator | None, drafter: Drafter):
-        super().__init__(processors, generator)
+        super().__init__(processors, generator)  # the drawn tree's walk reads as it goes
         self.drafter = drafter
 
     def walk(self, tree: TokenTree, probs: torch.Tensor):
@@ -148,4 +161,4 @@ def acceptance_rule(do_sample: bool, sampling_rule: str, processors, generator, 
         return Greedy(processors, lazy=device.type == "cpu")
     if sampling_rule == "rejection" and drafter.draw_children(generator):
         return RecursiveRejection(processors, generator, drafter)
-    return SampleAndMatch(processors, generator)
+    return SampleAndMatch(processors, generator, lazy=device.type == "cpu")

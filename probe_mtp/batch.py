@@ -34,7 +34,8 @@ from .kv import new_cache
 from .passes import PassInputs
 from .ragged import RaggedCache
 from .stats import DecodeStats, GenerateOutput
-from .step import commit, feed_back, propose, tops_width
+from .clock import DeviceClock
+from .step import Staged, feed_back, propose, read_stops, settle, stage, tops_width
 from .tree import TokenTree, TreeLayout, prefill_layout
 from .vocab import RowTops
 
@@ -95,6 +96,7 @@ class Batch:
         # what batched passes cost by width, measured (the decoder's, shared by its batches); None:
         # priced by the cost curve alone
         self.widths = widths
+        self.clock = DeviceClock(self.device)
         self.stats = DecodeStats(method=rows[0].stats.method, budget=rows[0].stats.budget,
                                  num_masks=rows[0].stats.num_masks, masks=rows[0].stats.masks, memory=rows[0].stats.memory)
 
@@ -147,20 +149,55 @@ def batch_prefill(batch: Batch) -> None:
     rows = [batch.rows[i] for i in batch.active]
     k = rows[0].drafter.num_masks
     length = rows[0].prompt_len  # the padded prompt length, the same for every row
-    t0 = time.perf_counter()
+    clock = batch.clock
+    start = clock.mark()
     if prefill_apart(rows, k):
         logits = prefill_rows_apart(batch, rows, k, length)
     else:
         logits = prefill_padded(batch, rows, k, length)
-    batch.stats.forward_seconds += time.perf_counter() - t0
+    end = clock.mark()
     batch.cache.prefill([g.offset for g in rows], length + k, length)
-    for g, (root_logits, mask_logits) in zip(rows, logits):
+    roots, verdicts = [], []
+    for g, (root_logits, _) in zip(rows, logits):
         g.stats.forward_passes += 1
-        root = TokenTree.root_only(int(g.context[-1]))
-        verdict = g.accept(root, root_logits, g.sequence[0])
-        commit(g, verdict.tokens, verdict.scores)
-        feed_back(g, root, verdict, root_logits, mask_logits if k else None, is_prefill=True)
+        roots.append(TokenTree.root_only(g.root))
+        verdicts.append(g.accept(roots[-1], root_logits, g.sequence[0]))
+    node_logits = [root_logits for root_logits, _ in logits]
+    mask_logits = [masks if k else None for _, masks in logits]
+    commit_rows(rows, roots, verdicts, node_logits, mask_logits, [None] * len(rows), is_prefill=True)
+    batch.stats.forward_seconds += clock.seconds(start, end)
     batch.drop_finished()
+
+
+def commit_rows(rows: list[Generation], trees: list[TokenTree], verdicts, node_logits, mask_logits, tops,
+                is_prefill: bool = False) -> list[int]:
+    """Commit every row's verdict and feed its pass back: the stopping criteria of all rows and
+    the seeding masks' top tokens of all rows each come back from the device in one transfer.
+    Returns the tokens each row committed."""
+    staged: list[Staged] = [stage(g, v.tokens, v.scores) for g, v in zip(rows, verdicts)]
+    seeds = batch_mask_tops(rows, mask_logits)
+    committed = []
+    for g, tree, verdict, nodes, masks, top, seed, st, stops in zip(rows, trees, verdicts, node_logits, mask_logits,
+                                                                    tops, seeds, staged, read_stops(staged)):
+        committed.append(settle(g, st, stops))
+        feed_back(g, tree, verdict, nodes, masks, top, is_prefill=is_prefill, masks_top=seed)
+    return committed
+
+
+def batch_mask_tops(rows: list[Generation], mask_logits: list[torch.Tensor | None]) -> list[RowTops | None]:
+    """Every row's :func:`~probe_mtp.step.mask_tops`, from one reduction over all rows' mask logits."""
+    width = max(g.drafter.mask_top_k for g in rows)
+    present = [i for i, m in enumerate(mask_logits) if m is not None]
+    out: list[RowTops | None] = [None] * len(rows)
+    if not width or not present:
+        return out
+    tops = RowTops.of(torch.cat([mask_logits[i] for i in present]), width)
+    at = 0
+    for i in present:
+        n = mask_logits[i].shape[0]
+        out[i] = RowTops(tops.tokens[at : at + n], tops.probs[at : at + n])
+        at += n
+    return out
 
 
 def prefill_apart(rows: list[Generation], k: int) -> bool:
@@ -228,7 +265,7 @@ def batch_step(batch: Batch) -> None:
     rows = [batch.rows[i] for i in batch.active]
     if batch.skipped < batch.backoff:
         batch.skipped += 1
-        plans = [StepPlan(TokenTree.root_only(int(g.context[-1])), 0) for g in rows]
+        plans = [StepPlan(TokenTree.root_only(g.root), 0) for g in rows]
         for g in rows:
             g.drafter.skip_proposal()
     else:
@@ -239,12 +276,10 @@ def batch_step(batch: Batch) -> None:
         bare = all(p.num_inputs == 1 for p in plans) and batch.drafted > BARE_WARMUP
         batch.skipped, batch.backoff = 0, (min(max(2 * batch.backoff, 1), MAX_SKIP) if bare else 0)
     layouts, inputs = lay_out_batch(batch, rows, plans)
-    t0 = time.perf_counter()
+    clock = batch.clock
+    start = clock.mark()
     logits = batch.forward(inputs, keep=[layout.num_inputs for layout in layouts], nodes=[p.tree.size for p in plans])
-    seconds = time.perf_counter() - t0
-    batch.stats.forward_seconds += seconds
-    if batch.widths is not None:
-        batch.widths.observe(len(rows), int(inputs.inputs_embeds.shape[1]), seconds)
+    end = clock.mark()
     batch.stats.forward_passes += 1
     batch.stats.inputs_per_pass.append(int(inputs.inputs_embeds.shape[0] * inputs.inputs_embeds.shape[1]))
     accepted = []
@@ -254,13 +289,20 @@ def batch_step(batch: Batch) -> None:
         g.policy.observe(plan.tree, verdict.path)
         accepted.append((verdict, nodes, tops, g.cached + plan.tree.depths[verdict.path]))
     batch.cache.keep(inputs.inputs_embeds.shape[1], [a[0].path for a in accepted], [a[3] for a in accepted])
-    for r, (g, plan, layout, (verdict, nodes, tops, _)) in enumerate(zip(rows, plans, layouts, accepted)):
+    mask_logits = []
+    for r, (g, plan, layout, (verdict, _, _, _)) in enumerate(zip(rows, plans, layouts, accepted)):
         g.stats.forward_passes += 1
         g.stats.inputs_per_pass.append(layout.num_inputs)
         slots = layout.mask_slots(verdict.last) if plan.num_masks else np.zeros(0, dtype=np.int64)
-        mask_logits = logits.extra(r)[torch.from_numpy(slots - plan.tree.size)] if slots.size else None
-        g.stats.accepted_lengths.append(commit(g, verdict.tokens, verdict.scores))
-        feed_back(g, plan.tree, verdict, nodes, mask_logits, tops)
+        mask_logits.append(logits.extra(r)[torch.from_numpy(slots - plan.tree.size).to(batch.device)] if slots.size else None)
+    committed = commit_rows(rows, [p.tree for p in plans], [a[0] for a in accepted], [a[1] for a in accepted],
+                            mask_logits, [a[2] for a in accepted])
+    for g, count in zip(rows, committed):
+        g.stats.accepted_lengths.append(count)
+    seconds = clock.seconds(start, end)  # the device is past the pass: its results were read
+    batch.stats.forward_seconds += seconds
+    if batch.widths is not None:
+        batch.widths.observe(len(rows), int(inputs.inputs_embeds.shape[1]), seconds)
     batch.drop_finished()
 
 
@@ -330,7 +372,7 @@ def run_batch(batch: Batch, pad_token_id: int | None) -> GenerateOutput:
     ``pad_token_id`` after their ends, as ``model.generate`` returns them."""
     t0 = time.perf_counter()
     for i in batch.active:
-        batch.rows[i].drafter.start(batch.rows[i].context.cpu().numpy())
+        batch.rows[i].drafter.start(batch.rows[i].host_context)
     if batch.active:
         batch_prefill(batch)
         batch.stats.prefill_seconds = time.perf_counter() - t0
@@ -367,7 +409,7 @@ def assemble(batch: Batch, pad_token_id: int | None) -> GenerateOutput:
     if rows[0].request.output_scores:
         steps = longest - rows[0].prompt_len
         vocab = next((g.scores[0].shape[-1] for g in rows if g.scores), 0)
-        finished = torch.full((1, vocab), float("-inf"))
+        finished = torch.full((1, vocab), float("-inf"), device=batch.device)
         if vocab:
             finished[0, fill] = 0.0
         scores = tuple(

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .acceptance import AcceptanceRule
+from .clock import DeviceClock
 from .adaptive import BudgetPolicy
 from .drafters import Drafter
 from .kv import AttentionFormat
@@ -51,14 +52,21 @@ class Generation:
         self.cache = cache
         self.stats = stats
         self.device = parts.model.device
+        self.clock = DeviceClock(self.device)
+        self.pass_marks = None  # the last verify pass's clock marks, until the step reads them
         prompt = request.prompt.to(self.device)
         self.offset = request.pads
         self.prompt_len = self.offset + prompt.shape[1]  # in the buffer: padding and prompt
-        # every committed token, in a buffer that stopping criteria and processors read as a view
-        self.buffer = torch.empty((1, max(request.max_length, self.prompt_len + 1)), dtype=torch.long, device=self.device)
+        # every committed token, in a buffer that stopping criteria and processors read as a view,
+        # and its host copy (``tokens``), which the drafters read: kept up to date by commit, so a
+        # step never copies the sequence back from the device
+        size = max(request.max_length, self.prompt_len + 1)
+        self.buffer = torch.empty((1, size), dtype=torch.long, device=self.device)
         if self.offset:
             self.buffer[:, : self.offset] = request.pad_prefix.to(self.device)
         self.buffer[:, self.offset : self.prompt_len] = prompt
+        self.tokens = np.empty(size, dtype=np.int64)
+        self.tokens[: self.prompt_len] = self.buffer[0, : self.prompt_len].cpu().numpy()  # once per request
         self.length = self.prompt_len
         self.scores: list[torch.Tensor] = []
         self.done = self.length >= request.max_length
@@ -74,6 +82,23 @@ class Generation:
         """1D: the prompt and every committed token, the next root last, without padding (what the
         model and the drafter see; a view)."""
         return self.buffer[0, self.offset : self.length]
+
+    @property
+    def host_context(self) -> np.ndarray:
+        """:attr:`context` on the host (a view of :attr:`tokens`)."""
+        return self.tokens[self.offset : self.length]
+
+    @property
+    def root(self) -> int:
+        """The last committed token (the next tree's root), read on the host."""
+        return int(self.tokens[self.length - 1])
+
+    def write(self, tokens: np.ndarray) -> None:
+        """Put ``tokens`` after the committed ones, on the host and in the device buffer (one
+        transfer), without committing them: :attr:`length` is unchanged."""
+        end = self.length + len(tokens)
+        self.tokens[self.length : end] = tokens
+        self.buffer[0, self.length : end] = torch.from_numpy(self.tokens[self.length : end]).to(self.device)
 
     @property
     def cached(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
@@ -98,7 +99,10 @@ def new_cache(model, capacity: int | None = None, every_layer: bool = False) -> 
     every entry, the window being applied by the attention mask: a batch's rows hold different
     numbers of tokens, so no one window of slots fits them all)."""
     try:
-        cache = DynamicCache(config=model.config)
+        # transformers makes a few tensors of its own in there (the sliding window's size): on the
+        # model's device, whatever torch's default device is
+        with torch.device(model.device):
+            cache = DynamicCache(config=model.config)
     except Exception as exc:  # noqa: BLE001 - report any failure as unsupported
         raise UnsupportedModelError(
             f"{type(model).__name__} cannot use a transformers DynamicCache ({exc}); probe-mtp needs a KV cache"
@@ -244,15 +248,18 @@ def start_recording(cache: DynamicCache) -> None:
             layer.activate_past_recording()
 
 
-def keep_accepted(cache: DynamicCache, num_new: int, keep_new: torch.Tensor) -> None:
+def keep_accepted(cache: DynamicCache, num_new: int, keep_new) -> None:
     """After a pass that appended ``num_new`` entries, keep the previously cached entries and, of
-    the new ones, only ``keep_new`` (indices into the pass's inputs, in increasing order).
+    the new ones, only ``keep_new`` (indices into the pass's inputs, in increasing order; a host
+    array, which is what the acceptance walk gives: it is moved to the cache's device once).
 
     Only the pass's own entries move: the kept ones are copied down in place over the first
     ``len(keep_new)`` new slots and the rest is cut off (a view; in a :class:`ReservedLayer` the
     next pass writes over it), so the step costs O(pass) rather than a copy of the whole cache."""
-    kept = int(keep_new.numel())
-    is_prefix = kept == 0 or bool((keep_new.cpu() == torch.arange(kept)).all())
+    keep_new = np.asarray(keep_new.cpu() if isinstance(keep_new, torch.Tensor) else keep_new, dtype=np.int64)
+    kept = int(keep_new.size)
+    is_prefix = kept == 0 or bool((keep_new == np.arange(kept)).all())
+    host = torch.from_numpy(keep_new)
     moved: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
         if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
@@ -261,7 +268,7 @@ def keep_accepted(cache: DynamicCache, num_new: int, keep_new: torch.Tensor) -> 
         if not is_prefix:
             device = layer.keys.device
             if device not in moved:
-                moved[device] = keep_new.to(device)
+                moved[device] = host.to(device)
             src = moved[device] + old
             layer.keys[:, :, old : old + kept] = layer.keys.index_select(-2, src)
             layer.values[:, :, old : old + kept] = layer.values.index_select(-2, src)

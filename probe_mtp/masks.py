@@ -98,7 +98,7 @@ def initial_mask_vectors(
             if stats is None:
                 raise ValueError("mask_init='sample' needs the vocabulary embedding statistics")
             gen = torch.Generator(device="cpu").manual_seed(int(seed))
-            noise = torch.randn(stats.mean.shape, generator=gen, dtype=torch.float64)
+            noise = torch.randn(stats.mean.shape, generator=gen, dtype=torch.float64, device="cpu")
             m = (stats.mean.cpu() + stats.std * noise).to(prompt_ids.device)[None, :].expand(num_masks, -1)
         elif strategy == "token":
             ids = torch.tensor([int(token)], device=prompt_ids.device)

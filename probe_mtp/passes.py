@@ -137,6 +137,6 @@ class OutputLayer:
             # few mask inputs (masks on the root only, say): their rows ride along with the
             # nodes', since a second call would read the whole output layer again
             logits = self.logits(hidden[:end])
-            return PassLogits(logits[:tree_size], layout, lambda slots: logits[torch.from_numpy(slots)])
+            return PassLogits(logits[:tree_size], layout, lambda slots: logits[torch.from_numpy(slots).to(logits.device)])
         return PassLogits(self.logits(hidden[:tree_size]), layout,
-                          lambda slots: self.logits(hidden[torch.from_numpy(slots)]))
+                          lambda slots: self.logits(hidden[torch.from_numpy(slots).to(hidden.device)]))

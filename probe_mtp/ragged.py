@@ -33,6 +33,7 @@ class RaggedCache:
         self.cache = cache
         self.positions = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
         self.length = 0  # slots in use
+        self.held = np.zeros(rows, dtype=np.int64)  # tokens held per row, on the host
 
     @property
     def rows(self) -> int:
@@ -75,6 +76,7 @@ class RaggedCache:
         slots = torch.arange(kept, device=self.positions.device)
         for r, pad in enumerate(pads):
             self.positions[r, :kept] = torch.where(slots >= pad, slots - pad, -1)
+        self.held = np.array([kept - pad for pad in pads], dtype=np.int64)
         self.length = kept
 
     def write_row(self, row: int, start: int, source, count: int) -> None:
@@ -113,13 +115,13 @@ class RaggedCache:
         self._room(start + longest)
         self.positions[:, start : start + longest] = torch.from_numpy(new_positions).to(self.positions.device)
         self.length = start + longest
-        if self.length > (1 + HOLE_SHARE) * int(self.tokens().max()) + HOLE_SLACK:
+        self.held += np.array([k.size for k in kept], dtype=np.int64)
+        if self.length > (1 + HOLE_SHARE) * int(self.held.max()) + HOLE_SLACK:
             self.compact()
 
     def compact(self) -> None:
         """Move every row's entries to the end of the cache (in order), dropping the holes."""
-        held = self.tokens()
-        longest = int(held.max())
+        longest = int(self.held.max())
         index = torch.zeros((self.rows, longest), dtype=torch.long, device=self.positions.device)
         new_positions = torch.full((self.rows, longest), -1, dtype=torch.long, device=self.positions.device)
         for r in range(self.rows):
@@ -140,6 +142,7 @@ class RaggedCache:
         index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
         select_batch_rows(self.cache, index)
         self.positions = self.positions.index_select(0, index)
+        self.held = self.held[np.asarray(rows, dtype=np.int64)]
 
     def _cut(self, length: int) -> None:
         for layer in self.cache.layers:

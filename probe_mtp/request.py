@@ -17,6 +17,7 @@ import torch
 
 from .config import ProbeConfig
 from .drafters import Drafter
+from .stopping import HostCriteria
 
 UNSUPPORTED_CONFIG = {
     "num_beams": "beam search is not supported; use num_beams=1 (greedy or sampling)",
@@ -43,6 +44,8 @@ class DecodeRequest:
     streamer: object | None = None
     output_scores: bool = False
     pad_prefix: torch.Tensor | None = None  # [1, pads]; None: no padding
+    # the criteria answered on the host (no wait for the device), None: run them as transformers does
+    host_criteria: HostCriteria | None = None
 
     @property
     def pads(self) -> int:
@@ -101,6 +104,8 @@ def build_requests(model, input_ids, logits_processor, stopping_criteria, genera
         raise ValueError(f"a streamer takes one sequence; it cannot follow a batch of {rows} rows (as in transformers)")
     if rows > 1 and drafter is not None:
         raise ValueError("a Drafter instance proposes for one sequence; pass drafter by name for a batch")
+    check_generator_device(generator, model.device)
+    host_criteria = HostCriteria.of(stopping_criteria)
     limit = getattr(model.config, "max_position_embeddings", None)
     requests = []
     for r in range(rows):
@@ -125,8 +130,24 @@ def build_requests(model, input_ids, logits_processor, stopping_criteria, genera
             streamer=streamer,
             output_scores=bool(gen.output_scores),
             pad_prefix=pad_prefix if pad_prefix.shape[1] else None,
+            host_criteria=host_criteria,
         ))
     return requests
+
+
+def check_generator_device(generator, device: torch.device) -> None:
+    """A ``generator`` draws on its own device only: refuse one that is not on the model's."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    have, want = torch.device(generator.device), torch.device(device)
+    same = have.type == want.type and (have.index is None or want.index is None or have.index == want.index)
+    if not same:
+        raise ValueError(
+            f"the generator is on {have} but the model is on {want}: a generator draws on its own device only; "
+            f"make it with torch.Generator(device={str(want)!r}).manual_seed(...)"
+        )
 
 
 def move_stop_strings_to_criteria(model, tokenizer, kwargs: dict) -> None:

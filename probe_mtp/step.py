@@ -50,7 +50,7 @@ def decode_step(gen: Generation) -> None:
     tops = node_tops(gen, logits.nodes)
     verdict = gen.accept(plan.tree, logits.nodes, gen.sequence[0], tops)
     gen.policy.observe(plan.tree, verdict.path)
-    keep_accepted(gen.cache, layout.num_inputs, torch.from_numpy(verdict.path).to(gen.device))
+    keep_accepted(gen.cache, layout.num_inputs, verdict.path)
     mask_logits = logits.masks_of(verdict.last) if plan.num_masks else None
     gen.stats.accepted_lengths.append(commit(gen, verdict.tokens, verdict.scores))
     feed_back(gen, plan.tree, verdict, logits.nodes, mask_logits, tops)
@@ -62,8 +62,7 @@ def propose(gen: Generation, node_cap: int | None = None) -> TokenTree:
     how many nodes can fit its row's part of the pass)."""
     gen.drafter.min_score = gen.policy.score_floor()
     gen.drafter.node_cap = node_cap
-    context = gen.context
-    return gen.drafter.propose(int(context[-1]), context.cpu().numpy())
+    return gen.drafter.propose(gen.root, gen.host_context)
 
 
 def lay_out(gen: Generation, plan: StepPlan) -> tuple[TreeLayout, PassInputs]:
@@ -76,12 +75,33 @@ def lay_out(gen: Generation, plan: StepPlan) -> tuple[TreeLayout, PassInputs]:
 
 def verify_pass(gen: Generation, tree: TokenTree, layout: TreeLayout, inputs: PassInputs) -> PassLogits:
     """One forward pass over ``tree`` (timed and counted); the nodes' logits and the masks' on demand."""
-    t0 = time.perf_counter()
+    clock = gen.clock
+    start = clock.mark()
     logits = gen.parts.output.run(gen.cache, inputs, layout, tree.size)
-    gen.stats.forward_seconds += time.perf_counter() - t0
+    gen.pass_marks = (start, clock.mark())  # read by settle_timing, once the step has its results
     gen.stats.forward_passes += 1
     gen.stats.inputs_per_pass.append(layout.num_inputs)
     return logits
+
+
+def settle_timing(gen: Generation) -> float:
+    """The device time of the step's verify pass, added to the statistics (read after the step,
+    when the device has finished the pass anyway: no wait of its own)."""
+    if gen.pass_marks is None:
+        return 0.0
+    seconds = gen.clock.seconds(*gen.pass_marks)
+    gen.pass_marks = None
+    gen.stats.forward_seconds += seconds
+    return seconds
+
+
+def mask_tops(drafter, mask_logits: torch.Tensor | None) -> RowTops | None:
+    """The most probable tokens of the masks that seed the next tree, as wide as the drafter
+    reads them (None: no masks, or a drafter that reads none)."""
+    width = drafter.mask_top_k
+    if mask_logits is None or not width:
+        return None
+    return RowTops.of(mask_logits, width)
 
 
 def node_tops(gen: Generation, node_logits: torch.Tensor) -> RowTops | None:
@@ -98,33 +118,90 @@ def tops_width(drafter) -> int:
     return max(width, 2) if width else 0
 
 
-def commit(gen: Generation, tokens, scores) -> int:
-    """Append ``tokens`` one at a time, checking the stopping criteria after each; ``scores[i]``
-    is token i's ``[1, V]`` score row.  Returns how many were committed; sets ``gen.done``."""
+@dataclass
+class Staged:
+    """Tokens written after a row's committed ones but not yet committed (:func:`stage`): the
+    ones that fit under the length limit, their score rows, and the stopping criteria's verdict
+    after each of them, still on the device (None: the request has no criteria)."""
+
+    tokens: np.ndarray
+    scores: object
+    stops: torch.Tensor | np.ndarray | None  # on the host already where the criteria allow it
+    cut: bool  # tokens were dropped for the length limit or the buffer's end
+
+
+def stage(gen: Generation, tokens, scores) -> Staged:
+    """Write ``tokens`` after the committed ones and run the stopping criteria after each (on the
+    device, nothing read back yet); ``scores[i]`` is token i's ``[1, V]`` score row."""
     req = gen.request
-    committed = 0
-    for i, tok in enumerate(np.asarray(tokens).tolist()):
-        if gen.length >= gen.buffer.shape[1]:
-            gen.done = True
-            break
-        gen.buffer[0, gen.length] = int(tok)
-        gen.length += 1
-        committed += 1
-        row = scores[i] if scores is not None else None
-        if req.output_scores and row is not None:
-            gen.scores.append(row.clone())
-        stop = req.criteria(gen.sequence, row) if req.criteria else False
-        if bool(torch.as_tensor(stop).any()) or gen.length >= req.max_length:
-            gen.done = True
-            break
-    if committed and req.streamer is not None:
-        req.streamer.put(gen.buffer[0, gen.length - committed : gen.length].cpu())
-    return committed
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    room = min(gen.buffer.shape[1], req.max_length) - gen.length
+    fits = tokens[: max(room, 0)]
+    gen.write(fits)
+    stops = None
+    if req.host_criteria is not None:
+        stops = req.host_criteria.stops(fits, gen.length)
+    elif req.criteria and fits.size:
+        flags = []
+        for i in range(fits.size):
+            row = scores[i] if scores is not None else None
+            stop = req.criteria(gen.buffer[:, : gen.length + i + 1], row)
+            flags.append(torch.as_tensor(stop, device=gen.device).any().reshape(1))
+        stops = torch.cat(flags)
+    return Staged(fits, scores, stops, fits.size < tokens.size)
+
+
+def settle(gen: Generation, staged: Staged, stops: np.ndarray | None) -> int:
+    """Commit the staged tokens up to and including the first one after which a stopping
+    criterion held (``stops``: :attr:`Staged.stops` on the host); sets ``gen.done``.  Returns how
+    many were committed."""
+    req = gen.request
+    count = staged.tokens.size
+    stopped = stops is not None and bool(stops.any())
+    if stopped:
+        count = int(np.argmax(stops)) + 1
+    if req.output_scores and staged.scores is not None:
+        gen.scores.extend(staged.scores[i].clone() for i in range(count))
+    gen.length += count
+    if stopped or staged.cut or gen.length >= req.max_length:
+        gen.done = True
+    if count and req.streamer is not None:
+        req.streamer.put(torch.from_numpy(gen.tokens[gen.length - count : gen.length].copy()))
+    return count
+
+
+def read_stops(staged: list[Staged]) -> list[np.ndarray | None]:
+    """Every row's :attr:`Staged.stops` on the host, in one transfer."""
+    flags = [s.stops for s in staged if isinstance(s.stops, torch.Tensor)]
+    if not flags:
+        return [s.stops for s in staged]
+    host = torch.cat(flags).cpu().numpy()
+    out, at = [], 0
+    for s in staged:
+        if not isinstance(s.stops, torch.Tensor):
+            out.append(s.stops)
+        else:
+            out.append(host[at : at + s.stops.numel()])
+            at += s.stops.numel()
+    return out
+
+
+def commit(gen: Generation, tokens, scores) -> int:
+    """Append ``tokens``, as if one at a time under the stopping criteria (checked after each,
+    read back once); ``scores[i]`` is token i's ``[1, V]`` score row.  Returns how many were
+    committed; sets ``gen.done``."""
+    staged = stage(gen, tokens, scores)
+    return settle(gen, staged, read_stops([staged])[0])
 
 
 def feed_back(gen: Generation, tree: TokenTree, verdict: Verdict, node_logits: torch.Tensor,
-              mask_logits: torch.Tensor | None, tops: RowTops | None = None, is_prefill: bool = False) -> None:
-    """The drafter learns from the pass; the mask vectors take the new tokens in."""
+              mask_logits: torch.Tensor | None, tops: RowTops | None = None, is_prefill: bool = False,
+              masks_top: RowTops | None = None) -> None:
+    """The drafter learns from the pass; the mask vectors take the new tokens in.  ``masks_top``:
+    :func:`mask_tops` of ``mask_logits`` when the caller computed them (a batch, for all rows
+    at once); else they are computed here."""
+    if masks_top is None:
+        masks_top = mask_tops(gen.drafter, mask_logits)
     gen.drafter.observe(
         StepFeedback(
             tree=tree,
@@ -132,9 +209,10 @@ def feed_back(gen: Generation, tree: TokenTree, verdict: Verdict, node_logits: t
             new_tokens=verdict.tokens,
             node_logits=node_logits,
             mask_logits=mask_logits,
-            context=gen.context.cpu().numpy(),
+            context=gen.host_context,
             is_prefill=is_prefill,
             node_tops=tops,
+            mask_tops=masks_top,
         )
     )
     if gen.masks is not None and not gen.done:
@@ -163,8 +241,8 @@ def prefill_pass(gen: Generation) -> PrefillResult:
     attn = attention_inputs(gen.cache, layout.visible, positions, parts.fmt)
     logits = forward_pass(parts.model, gen.cache, PassInputs(embeds[None], attn, positions[None]), logits_to_keep=k + 1)
     gen.stats.forward_passes += 1
-    keep_accepted(gen.cache, n + k, torch.arange(n, device=gen.device))
-    root = TokenTree.root_only(int(prompt[-1]))
+    keep_accepted(gen.cache, n + k, np.arange(n))
+    root = TokenTree.root_only(gen.root)
     verdict = gen.accept(root, logits[:1], gen.sequence[0])
     return PrefillResult(root, verdict, logits[:1], logits[1:] if k else None)
 
@@ -172,7 +250,7 @@ def prefill_pass(gen: Generation) -> PrefillResult:
 def finish_prefill(gen: Generation, result: PrefillResult) -> None:
     """Stream the prompt, commit the prefill's token and feed the pass back."""
     if gen.request.streamer is not None:
-        gen.request.streamer.put(gen.sequence[0].cpu())
+        gen.request.streamer.put(torch.from_numpy(gen.tokens[: gen.length].copy()))
     commit(gen, result.verdict.tokens, result.verdict.scores)
     feed_back(gen, result.root, result.verdict, result.node_logits, result.mask_logits, is_prefill=True)
 
@@ -197,7 +275,7 @@ def run(gen: Generation, strategy: Strategy = LOSSLESS) -> GenerateOutput:
     """Prefill, then steps until a stopping criterion; each step's timings go to the budget policy."""
     t0 = time.perf_counter()
     stats = gen.stats
-    gen.drafter.start(gen.context.cpu().numpy())
+    gen.drafter.start(gen.host_context)
     if not gen.done:
         strategy.prefill(gen)
         stats.prefill_seconds = time.perf_counter() - t0
@@ -205,6 +283,7 @@ def run(gen: Generation, strategy: Strategy = LOSSLESS) -> GenerateOutput:
     while not gen.done:
         started, forward_before, cached = time.perf_counter(), stats.forward_seconds, gen.cached
         strategy.step(gen)
+        settle_timing(gen)
         if trim_heap is not None:
             trim_heap()
         gen.policy.observe_timing(stats.inputs_per_pass[-1], cached, stats.forward_seconds - forward_before,

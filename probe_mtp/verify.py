@@ -129,12 +129,55 @@ def _child_by_token(tree: TokenTree, node: int) -> dict[int, int]:
 
 def accept_sample_and_match(tree: TokenTree, node_probs: torch.Tensor, generator: torch.Generator | None):
     """Lossless sampling by sample-and-match.  ``node_probs``: ``[n, V]`` processed target
-    probabilities.  Returns ``(accepted path, bonus token)``."""
+    probabilities.  Returns ``(accepted path, bonus token)``.  One draw per node the walk reaches,
+    made when it gets there (a host read per draw: the CPU's way)."""
     path = [0]
     while True:
         x = int(torch.multinomial(node_probs[path[-1]], 1, generator=generator))
         child = _child_by_token(tree, path[-1]).get(x)
         if child is None:
+            return np.array(path, dtype=np.int64), x
+        path.append(child)
+
+
+def default_generator(device: torch.device) -> torch.Generator | None:
+    """The generator torch draws with on ``device`` when none is given (None: not known here)."""
+    if device.type == "cpu":
+        return torch.default_generator
+    module = getattr(torch, device.type, None)
+    generators = getattr(module, "default_generators", None)
+    if not generators:
+        return None
+    index = device.index if device.index is not None else module.current_device()
+    return generators[index]
+
+
+def accept_sample_and_match_at_once(tree: TokenTree, node_probs: torch.Tensor, generator: torch.Generator | None):
+    """:func:`accept_sample_and_match` with every draw made before the walk and read back in one
+    transfer, drawing exactly what it draws: every node at depth d draws from the generator's state
+    before depth d (the state the one-at-a-time walk has when it reaches depth d, whichever node it
+    is at: a draw over one row always advances the state by as much), and afterwards the generator
+    is left where that walk leaves it.  So the tokens, and every later draw, are the same as drawing
+    when the walk arrives, on any device.  Returns None where the default generator of
+    ``node_probs``' device cannot be had (call :func:`accept_sample_and_match` then)."""
+    gen = generator if generator is not None else default_generator(node_probs.device)
+    if gen is None:
+        return None
+    draws = torch.empty(tree.size, dtype=torch.long, device=node_probs.device)
+    states = []
+    for depth in range(tree.max_depth + 1):
+        states.append(gen.get_state())
+        for node in np.flatnonzero(tree.depths == depth).tolist():
+            gen.set_state(states[depth])
+            draws[node : node + 1] = torch.multinomial(node_probs[node], 1, generator=gen)
+    states.append(gen.get_state())
+    drawn = draws.cpu().numpy()
+    path = [0]
+    while True:
+        x = int(drawn[path[-1]])
+        child = _child_by_token(tree, path[-1]).get(x)
+        if child is None:
+            gen.set_state(states[len(path)])
             return np.array(path, dtype=np.int64), x
         path.append(child)
 
@@ -165,7 +208,7 @@ def accept_recursive_rejection(
             for c in draws.get(node, ()):
                 qc = float(q[c])
                 ratio = 1.0 if qc <= 0.0 else min(1.0, float(p[c]) / qc)
-                u = float(torch.rand((), generator=generator, dtype=torch.float64))
+                u = float(torch.rand((), generator=generator, dtype=torch.float64, device=p.device))
                 if u < ratio:
                     path.append(kids[c])
                     moved = True

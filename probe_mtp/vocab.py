@@ -53,7 +53,7 @@ def vocab_argmax(logits: torch.Tensor) -> torch.Tensor:
     if torch.isnan(row_max).any():  # argmax's NaN convention, kept by its own kernel
         return logits.argmax(dim=-1)
     first = (block_max == row_max).to(torch.uint8).argmax(dim=-1)  # first block holding the maximum
-    inside = grid[torch.arange(grid.shape[0]), first].argmax(dim=-1)
+    inside = grid[torch.arange(grid.shape[0], device=grid.device), first].argmax(dim=-1)
     return first * BLOCK + inside
 
 
@@ -97,8 +97,12 @@ class RowTops:
 
     @classmethod
     def of(cls, logits: torch.Tensor, k: int) -> RowTops:
+        """From ``[rows, V]`` logits, in one transfer to the host (token ids, below 2**53, ride
+        exactly in float64 beside the probabilities)."""
         tokens, probs = top_probabilities(logits, k)
-        return cls(tokens.cpu().numpy(), probs.double().cpu().numpy())
+        width = tokens.shape[1]
+        both = torch.cat([tokens.double(), probs.double()], dim=1).cpu().numpy()
+        return cls(both[:, :width].astype(np.int64), both[:, width:])
 
     @property
     def width(self) -> int:
@@ -116,5 +120,5 @@ class RowTops:
 def top_candidates(mask_logits: torch.Tensor, width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per row j of ``mask_logits`` (mask j), the ``width`` most probable tokens and their
     probabilities (descending), on the host."""
-    toks, ps = top_probabilities(mask_logits, width)
-    return list(toks.cpu().numpy()), list(ps.double().cpu().numpy())
+    tops = RowTops.of(mask_logits, width)
+    return list(tops.tokens), list(tops.probs)

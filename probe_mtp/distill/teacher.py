@@ -144,4 +144,4 @@ def load_teachers(path: Path, key: str) -> list[TeacherSequence] | None:
         return None
     if doc.get("key") != key:
         return None
-    return [TeacherSequence(s["task"], torch.tensor(s["ids"], dtype=torch.long), int(s["prompt_len"])) for s in doc["sequences"]]
+    return [TeacherSequence(s["task"], torch.tensor(s["ids"], dtype=torch.long, device="cpu"), int(s["prompt_len"])) for s in doc["sequences"]]

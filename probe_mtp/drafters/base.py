@@ -43,7 +43,9 @@ class StepFeedback:
       when that node carried no masks);
     - ``context``: every committed token so far (prompt + generated), 1D numpy;
     - ``node_tops``: each node's most probable tokens and their probabilities, when the decoder
-      computed them (at least ``Drafter.node_top_k`` wide); None: read ``node_logits``.
+      computed them (at least ``Drafter.node_top_k`` wide); None: read ``node_logits``;
+    - ``mask_tops``: the same for the rows of ``mask_logits`` (at least ``Drafter.mask_top_k``
+      wide), on the host; None: read ``mask_logits``.
     """
 
     tree: TokenTree
@@ -54,6 +56,15 @@ class StepFeedback:
     context: np.ndarray
     is_prefill: bool = False
     node_tops: RowTops | None = None
+    mask_tops: RowTops | None = None
+
+    def mask_candidates(self, width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per mask row, its ``width`` most probable tokens and their probabilities (from
+        ``mask_tops`` when wide enough: no further transfer from the device)."""
+        tops = self.mask_tops
+        if tops is None or tops.width < min(width, self.mask_logits.shape[-1]):
+            tops = RowTops.of(self.mask_logits, width)
+        return list(tops.tokens[:, :width]), list(tops.probs[:, :width])
 
 
 class Drafter(ABC):
@@ -105,6 +116,13 @@ class Drafter(ABC):
         """How many of every verified node's most probable tokens :meth:`observe` reads (0: none);
         the decoder then computes them once per pass (``StepFeedback.node_tops``) and its greedy
         walk reads them too."""
+        return 0
+
+    @property
+    def mask_top_k(self) -> int:
+        """How many of each mask row's most probable tokens :meth:`observe` reads (0: none); the
+        decoder computes them with the pass's other reads from the device
+        (``StepFeedback.mask_tops``)."""
         return 0
 
     def attach_memory(self, memory) -> None:

@@ -6,7 +6,6 @@ import numpy as np
 import torch
 
 from ..tree import TokenTree, best_first, node_budget
-from ..vocab import top_candidates
 from .base import Drafter, StepFeedback
 
 
@@ -63,13 +62,18 @@ class ESPDrafter(Drafter):
             first_level_only_top1=self._after_prefill,
         )
 
+    @property
+    def mask_top_k(self) -> int:
+        """One spare candidate per depth, so that pruning a repeat leaves ``max_nodes`` options."""
+        return self.max_nodes + 1
+
     def observe(self, feedback: StepFeedback) -> None:
         self._after_prefill = feedback.is_prefill
         if feedback.mask_logits is None:
             self._cand_tokens = self._cand_probs = None
             return
         # one spare candidate per depth so that pruning a repeat leaves max_nodes options
-        self._cand_tokens, self._cand_probs = top_candidates(feedback.mask_logits, self.max_nodes + 1)
+        self._cand_tokens, self._cand_probs = feedback.mask_candidates(self.mask_top_k)
         if self._draw_mode:
             self._mask_probs = torch.softmax(feedback.mask_logits.float(), dim=-1)
 

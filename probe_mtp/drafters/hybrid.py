@@ -47,7 +47,6 @@ import numpy as np
 import torch
 
 from ..tree import TokenTree, grow_best_first
-from ..vocab import top_candidates
 from .base import Drafter, StepFeedback
 from .calibration import AcceptanceCalibrator
 from .context_match import ContextIndex
@@ -156,6 +155,11 @@ class HybridDrafter(Drafter):
     def node_top_k(self) -> int:
         """Every verified node's top ``top_k`` feed the successor table."""
         return self.successors.top_k
+
+    @property
+    def mask_top_k(self) -> int:
+        """The seeding masks' top ``top_k + 1`` are the probe's candidates."""
+        return self.successors.top_k + 1 if self.num_masks else 0
 
     @property
     def max_nodes(self) -> int:
@@ -348,7 +352,7 @@ class HybridDrafter(Drafter):
         self.successors.store([tails[r] for r in rows.tolist()], top_tokens, top_probs, vocab=logits.shape[-1])
         self._mask_candidates = []
         if feedback.mask_logits is not None and self.num_masks:
-            toks, probs = top_candidates(feedback.mask_logits, self.successors.top_k + 1)
+            toks, probs = feedback.mask_candidates(self.mask_top_k)
             for j, (t, p) in enumerate(zip(toks, probs)):
                 cells = j * NUM_PROB_BUCKETS + np.searchsorted(PROB_EDGES, p, side="right")
                 self._mask_candidates.append((t.tolist(), cells.tolist()))

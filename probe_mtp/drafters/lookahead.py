@@ -139,7 +139,8 @@ class LookaheadDrafter(Drafter):
     def _reset(self) -> None:
         self._levels = np.zeros((self.ngram - 1, self.window), dtype=np.int64)
         self._pool: dict[int, list[tuple[int, ...]]] = {}
-        self._tails = np.zeros(self.window, dtype=np.int64)  # tree index of each column's tail
+        self._look: list[list[int]] = []  # the window columns' paths of the last proposal
+        self._tails = np.zeros(self.window, dtype=np.int64)
         self._updates = 0
         self._root = -1
 
@@ -182,7 +183,8 @@ class LookaheadDrafter(Drafter):
         look = self.lookahead_paths()
         paths = [p for p in look if p] + [list(c) for c in self.candidates(root)]
         tree = TokenTree.from_paths(root, paths) if paths else TokenTree.root_only(root)
-        self._tails = _locate(tree, look)
+        self._look = look
+        self._tails = _locate(tree, look)  # tree index of each column's tail in the proposal
         self._root = root
         return tree
 
@@ -190,7 +192,9 @@ class LookaheadDrafter(Drafter):
     def observe(self, feedback: StepFeedback) -> None:
         if not feedback.is_prefill:
             logits = feedback.node_logits
-            tails = torch.from_numpy(self._tails).to(logits.device)
+            # each column's tail in the tree as verified (the budget may have cut a column short:
+            # its deepest verified node stands in, a guess like any other)
+            tails = torch.from_numpy(_locate(feedback.tree, self._look)).to(logits.device)
             new = logits.index_select(0, tails).argmax(dim=-1).cpu().numpy().astype(np.int64)
             self._updates += 1
             lv = self._levels
@@ -212,7 +216,8 @@ class LookaheadDrafter(Drafter):
 
 
 def _locate(tree: TokenTree, paths: list[list[int]]) -> np.ndarray:
-    """Tree index of the last node of each path (the root for an empty path)."""
+    """Tree index of the last node of each path (the root for an empty path; the deepest node
+    present where the tree holds only the start of the path)."""
     child: dict[tuple[int, int], int] = {}
     parents = tree.parents.tolist()
     tokens = tree.tokens.tolist()
@@ -222,6 +227,8 @@ def _locate(tree: TokenTree, paths: list[list[int]]) -> np.ndarray:
     for j, path in enumerate(paths):
         node = 0
         for tok in path:
+            if (node, tok) not in child:
+                break
             node = child[(node, tok)]
         out[j] = node
     return out
