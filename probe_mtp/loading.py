@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
+import types
 import warnings
 from pathlib import Path
 
@@ -241,7 +243,7 @@ def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implemen
     straight onto it (``device_map``, on the CPU too: the device asked for, not torch's default
     device, decides)."""
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source, **extra)
     options = {}
@@ -250,11 +252,6 @@ def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implemen
         # dense weights of `dtype`, as documented: transformers would otherwise keep a quantized
         # file's weights in GGUF blocks where it finds a kernel for them (fetched from the hub)
         options["quantization_config"] = gguf_config(dequantize=True)
-    else:
-        config = AutoConfig.from_pretrained(source, **extra)
-        if _gguf_marked(config):  # a converted copy written before it was unmarked: dense float32 weights
-            del config.quantization_config
-            options["config"] = config
     if device is not None:
         options["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation,
@@ -267,7 +264,33 @@ def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implemen
     return model, tokenizer
 
 
+def _update_converted_config(folder: Path) -> None:
+    """Bring the config of a copy written by an earlier probe-mtp up to date, once (the caller holds
+    its lock): drop the GGUF marker of the file it came from (the weights are dense float32) and
+    name its architecture (other engines, vLLM among them, read ``architectures``).  A copy already
+    up to date is only read."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    changed = False
+    if _gguf_marked(config):
+        del config["quantization_config"]
+        changed = True
+    if not config.get("architectures"):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
+        if name:
+            config["architectures"] = [name]
+            changed = True
+    if changed:
+        tmp = path.with_name(f"config.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+
+
 def _gguf_marked(config) -> bool:
+    if isinstance(config, dict):
+        config = types.SimpleNamespace(**config)
     found = getattr(config, "quantization_config", None)
     method = found.get("quant_method") if isinstance(found, dict) else getattr(found, "quant_method", None)
     return str(getattr(method, "value", method)) == "gguf"
@@ -293,6 +316,7 @@ def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation
     with _conversion_lock(folder):  # processes started together convert once; the others read the copy
         if (folder / CONVERTED_DONE).is_file():
             try:
+                _update_converted_config(folder)
                 model, tokenizer = _from_pretrained(str(folder), {}, dtype, attn_implementation, device=device)
             except Exception as exc:  # noqa: BLE001 - a damaged copy: say so, drop it, read the GGUF file
                 warnings.warn(f"the converted copy {folder} could not be read ({exc}); reading {gguf.name} instead",
@@ -330,6 +354,7 @@ def _write_converted(model, tokenizer, folder: Path) -> None:
         # the tokenizer directly
         partial.mkdir(parents=True)
         save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        model.config.architectures = [type(model).__name__]  # other engines (vLLM) read it
         model.config.save_pretrained(partial)
         model.generation_config.save_pretrained(partial)
         tokenizer.save_pretrained(partial)

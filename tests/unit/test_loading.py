@@ -129,8 +129,14 @@ def test_a_copy_marked_as_gguf_quantized_loads_as_the_dense_model_it_is(gguf, tm
     config_file = loading.converted_dir(path) / "config.json"
     config = json.loads(config_file.read_text())
     assert "quantization_config" not in config  # new copies are written unmarked
+    assert config["architectures"] == ["LlamaForCausalLM"]  # other engines (vLLM) read it
     config["quantization_config"] = {"quant_method": "gguf", "dequantize": False, "gguf_file": "tiny.gguf"}
+    del config["architectures"]  # as copies written before it was kept
     config_file.write_text(json.dumps(config))
+    model, _ = loading.load_model(str(path))
+    rewritten = json.loads(config_file.read_text())  # once, under the copy's lock
+    assert "quantization_config" not in rewritten and rewritten["architectures"] == ["LlamaForCausalLM"]
+    stamp = config_file.stat().st_mtime_ns
     for dtype in (torch.float32, torch.bfloat16):
         model, _ = loading.load_model(str(path), dtype=dtype)
         assert getattr(model, "hf_quantizer", None) is None and model.dtype == dtype
@@ -138,6 +144,7 @@ def test_a_copy_marked_as_gguf_quantized_loads_as_the_dense_model_it_is(gguf, tm
         model.save_pretrained(tmp_path / f"saved-{dtype}")
         ref = _tiny()[0].to(dtype).state_dict()
         assert all(torch.equal(model.state_dict()[k], ref[k]) for k in ref)
+    assert config_file.stat().st_mtime_ns == stamp  # an up-to-date copy is only read
 
 
 # --------------------------------------------------------------------------- devices
