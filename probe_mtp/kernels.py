@@ -1,33 +1,39 @@
-"""Kernels for exact bf16 decoding on a CPU's matrix units: the processor check, linear layers
-packed once, and an attention whose result for a row does not depend on the pass.
+"""Kernels for exact decoding in reduced precision: the processor check, linear layers whose rows
+do not depend on the pass, and an attention whose result for a row does not depend on the pass.
 
-Why.  A bf16 pass of 16-32 inputs costs about one token on matrix units (AMX, AVX512-BF16), but
-stock PyTorch reorders a bf16 weight into oneDNN's blocked layout at every call, and a wide pass
-rounds differently from a one-token pass, so tree verification in bf16 drifts from
-``model.generate``.  Exactness needs each computation of a row to give the same bits however many
-rows the pass holds and whatever else the pass holds (other tree nodes, masks, padding).  This
-module provides the two parts of a forward pass that break that, each checked, not assumed:
+Why.  A bf16 pass of 16-32 inputs costs about one token on matrix units (AMX, AVX512-BF16, every
+GPU), but a wide pass rounds differently from a one-token pass, so tree verification in bf16
+drifts from ``model.generate`` (and stock PyTorch on a CPU reorders a bf16 weight into oneDNN's
+blocked layout at every call).  Exactness needs each computation of a row to give the same bits
+however many rows the pass holds and whatever else the pass holds (other tree nodes, masks,
+padding).  This module provides the two parts of a forward pass that break that, each checked,
+not assumed, on whatever device the model is on; the dtype is a parameter throughout:
 
-- :class:`PackedLinear`: a linear layer whose bf16 weight is packed once for oneDNN
-  (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``).  oneDNN picks its kernel
-  from the product's shape: measured on an AMD EPYC (AVX512-BF16), a one-row product sums in
-  another order than products of 2 to 1500 rows, which all agree row for row.  How rows reach the
-  kernel (:class:`RowPlan`: each call padded to one of a few widths, a lone row to two, or fixed
-  blocks of rows) is chosen per weight shape and thread count by :func:`choose_row_plan`, which
-  compares every width a call can have with the one-row computation bit for bit before the plan
-  is used.
+- :class:`PackedLinear`: a linear layer whose weight is packed once for oneDNN
+  (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``) where oneDNN runs that
+  dtype (a CPU), else computed with the stock product on the plain weight
+  (``torch.nn.functional.linear``: an accelerator's BLAS, or a CPU without oneDNN for the dtype).
+  Every kernel picks its algorithm from the product's shape: measured on an AMD EPYC
+  (AVX512-BF16), a one-row oneDNN product sums in another order than products of 2 to 1500 rows,
+  and MKL's float32 product here differs between widths.  How rows reach the kernel
+  (:class:`RowPlan`: each call padded to one of a few widths, a lone row to two, or fixed blocks
+  of rows) is chosen per weight shape, kernel, dtype, device and thread count by
+  :func:`choose_row_plan`, which compares every width a call can have with the one-row
+  computation bit for bit, on that device, before the plan is used.
 - :func:`exact_attention` (registered with transformers' ``AttentionInterface`` as
   :data:`EXACT_ATTENTION`): scores, softmax and the weighted sum of values in float64, rounded
   once to the model's dtype.  The products of bf16 queries and keys are exact in float64 and
   their sums almost always are, so a score does not depend on the order a kernel sums in; the
   softmax and the value sum carry rounding errors near 2^-50, which a rounding to bf16 (steps of
   2^-8) turns into a different result only when the exact value lies that close to a rounding
-  boundary: about once in 2^40 elements.  sdpa's fused kernel and eager attention instead sum in
-  an order that depends on the number of queries and on where masked keys sit (a tree node's
-  ancestors are spread among other nodes), which changed rows in every wide pass measured.
+  boundary: about once in 2^40 elements (once in 2^26 for float32's steps of 2^-24).  sdpa's
+  fused kernel and eager attention instead sum in an order that depends on the number of queries
+  and on where masked keys sit (a tree node's ancestors are spread among other nodes), which
+  changed rows in every wide pass measured.
 
 Everything else in a transformer layer (norms, rotary embeddings, activations, residual adds) is
-computed row by row with the same operations at any width; the architecture tests check it.
+computed row by row with the same operations at any width; the architecture tests check it on
+the CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import math
 import platform
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -54,6 +61,12 @@ MOST_ROWS = 512
 MOST_ROWS_LARGE = 128
 LARGE_WEIGHT = 16 * 2**20
 CHECK_ROWS = 48  # distinct random input rows per check
+# each check row also holds this many pairs of large entries whose products with one output's
+# weights cancel exactly, each product this many times the row's result: a kernel that sums in
+# another order at another width then gives visibly different bits (random rows alone show it only
+# where a sum falls near a rounding boundary, in about one output of 10^4 for bf16)
+CANCELLING_PAIRS = 4
+CANCELLING_SIZE = 2.0**16
 ATTENTION_BYTES = 64 * 2**20  # float64 scores of one attention call are computed in query chunks of at most this
 QUERY_CHUNK = 256  # ... and of at most this many queries, each chunk over the keys its queries can see
 
@@ -61,12 +74,14 @@ QUERY_CHUNK = 256  # ... and of at most this many queries, each chunk over the k
 # ------------------------------------------------------------------------------- the processor
 @dataclass(frozen=True)
 class Processor:
-    """What this CPU offers for bf16: its model name, the matrix-unit flags the kernel reports
-    (``amx_bf16``, ``avx512_bf16`` in ``/proc/cpuinfo``) and whether oneDNN runs bf16 at all."""
+    """What this CPU offers: its model name, the bf16 matrix-unit flags the kernel reports
+    (``amx_bf16``, ``avx512_bf16`` in ``/proc/cpuinfo``), whether oneDNN runs bf16 products and
+    whether it runs float32 ones (so weights of that dtype can be packed once)."""
 
     name: str
     flags: frozenset = field(default_factory=frozenset)
     onednn_bf16: bool = False
+    onednn_float32: bool = True
 
     @property
     def matrix_units(self) -> str | None:
@@ -80,6 +95,15 @@ class Processor:
     @property
     def has_bf16_units(self) -> bool:
         return self.matrix_units is not None and self.onednn_bf16
+
+    def packs(self, dtype: torch.dtype) -> bool:
+        """Whether oneDNN runs products of ``dtype`` here, so a weight of it can be packed once."""
+        return (dtype == torch.bfloat16 and self.onednn_bf16) or (dtype == torch.float32 and self.onednn_float32)
+
+    def fast_for(self, dtype: torch.dtype) -> bool:
+        """Whether products of ``dtype`` run at full speed here: float32 everywhere, bf16 only on
+        bf16 matrix units (elsewhere it computes, exactly as well, only more slowly than float32)."""
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and self.has_bf16_units)
 
     def describe(self) -> str:
         units = self.matrix_units or "no bf16 matrix units"
@@ -119,7 +143,43 @@ def processor() -> Processor:
         except (AttributeError, RuntimeError):
             onednn = False
     wanted = {"amx_bf16", "avx512_bf16"}
-    return Processor(processor_name(), frozenset(f for f in _cpu_flags() if f in wanted), onednn)
+    return Processor(processor_name(), frozenset(f for f in _cpu_flags() if f in wanted), onednn,
+                     bool(torch.backends.mkldnn.is_available()))
+
+
+def device_description(device: torch.device) -> str:
+    """What computes on ``device``: the processor (with its bf16 matrix units) for the CPU, the
+    accelerator's name where torch can tell it, else the device itself."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return processor().describe()
+    backend = getattr(torch, device.type, None)
+    name = getattr(backend, "get_device_name", None)
+    if callable(name):
+        try:
+            return f"{name(device)} ({device})"
+        except (RuntimeError, AssertionError, ValueError):
+            pass
+    return str(device)
+
+
+def holds_data(device: torch.device) -> bool:
+    """Whether tensors on ``device`` hold values (not ``meta``, which keeps shapes only: nothing
+    there can be checked, and nothing computed there is a result)."""
+    return torch.device(device).type != "meta"
+
+
+def math_settings(device: torch.device) -> tuple:
+    """The global switches that decide how products on ``device`` round: the thread count (oneDNN
+    splits by it), float32 matmul precision (TF32 or bf16 inside float32 products) and, on CUDA,
+    reduced-precision reductions in bf16 / fp16 products.  A row plan holds for one setting of
+    them; another is checked again before its first product."""
+    settings = (torch.get_num_threads(), torch.get_float32_matmul_precision())
+    if torch.device(device).type == "cuda":
+        matmul = torch.backends.cuda.matmul
+        settings += (matmul.allow_tf32, matmul.allow_bf16_reduced_precision_reduction,
+                     matmul.allow_fp16_reduced_precision_reduction)
+    return settings
 
 
 # ------------------------------------------------------------------------------- linear layers
@@ -136,7 +196,8 @@ class RowPlan:
     def describe(self) -> str:
         if self.block:
             return f"rows in blocks of {self.block}"
-        return "calls zero-padded to a few row counts (2-8, by 8 to 128, by 16 to 256, by 32 beyond)"
+        return ("calls zero-padded to a few row counts (2-8, by 8 to 128, by 16 to 256, by 32 beyond; "
+                f"at most {self.most} rows a call)")
 
     def widths(self) -> tuple[int, ...]:
         """Every row count a call to the kernel can have under this plan."""
@@ -158,12 +219,16 @@ def bucket_rows(rows: int, most: int = MOST_ROWS) -> int:
     return min(-(-rows // step) * step, most)
 
 
-PLANS = (RowPlan(0), RowPlan(16), RowPlan(32))
+# tried in this order; a plan's ``most`` is lowered to the weight's (see most_rows).  Measured here
+# (Xeon, AMX, 2 threads): packed bf16 down projections sum in another order from 160 rows on, so
+# calls of at most 128 rows keep the padding plan; MKL's float32 product and the stock bf16 product
+# differ between widths, and run in blocks
+PLANS = (RowPlan(0), RowPlan(0, MOST_ROWS_LARGE), RowPlan(16), RowPlan(32))
 
 
 class RowVarianceError(RuntimeError):
-    """This processor's bf16 kernels round a row differently depending on how many rows a product
-    holds, for every plan tried: decoding on them could not stay exact."""
+    """A kernel rounds a row differently depending on how many rows a product holds, for every plan
+    tried: decoding with it could not stay exact."""
 
 
 def run_rows(kernel, x2d: torch.Tensor, plan: RowPlan) -> torch.Tensor:
@@ -189,18 +254,53 @@ def _pad_rows(x2d: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x2d, x2d.new_zeros(rows - x2d.shape[0], x2d.shape[1])])
 
 
+def check_rows(in_features: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+               weight_columns=None) -> torch.Tensor:
+    """The :data:`CHECK_ROWS` input rows a check feeds a kernel, in ``dtype`` on ``device``: random
+    rows of a realistic spread of magnitudes, drawn on the CPU (the same rows for every device).
+    With ``weight_columns`` (positions -> the weight's columns there, ``[len, out]``) each row also
+    holds :data:`CANCELLING_PAIRS` pairs of large entries whose products with the weights of one
+    output (a different one per row) cancel exactly, so that output's bits depend on the order
+    the kernel sums in (see :data:`CANCELLING_SIZE`)."""
+    gen = torch.Generator(device="cpu").manual_seed(1234)
+    rows = torch.randn(CHECK_ROWS, in_features, generator=gen, device="cpu", dtype=torch.float64)
+    scale = torch.exp2(torch.randint(-3, 4, (CHECK_ROWS, 1), generator=gen, device="cpu").double())
+    rows *= scale
+    if weight_columns is not None and in_features >= 2 * CANCELLING_PAIRS:
+        _add_cancelling_pairs(rows, scale, weight_columns, gen)
+    return rows.to(device=device, dtype=dtype)
+
+
+def _add_cancelling_pairs(rows: torch.Tensor, scale: torch.Tensor, weight_columns, gen: torch.Generator) -> None:
+    """Write into ``rows`` (float64, ``[R, K]``) pairs ``x[k1] = b * w[j, k2]``, ``x[k2] = -b * w[j, k1]``
+    for output ``j`` of row r: products ``b * w1 * w2`` and its negative, exact in any dtype (``b``
+    a power of two), sized :data:`CANCELLING_SIZE` times the row's expected result."""
+    count, in_features = rows.shape
+    positions = torch.randperm(in_features, generator=gen, device="cpu")[: 2 * CANCELLING_PAIRS]
+    columns = weight_columns(positions).detach().to(device="cpu", dtype=torch.float64)  # [2P, out]
+    out_features = columns.shape[1]
+    targets = torch.arange(count, device="cpu") * out_features // count
+    first, second = columns[0::2, targets], columns[1::2, targets]  # [P, R]
+    typical = columns.pow(2).mean().sqrt() * in_features**0.5 * scale.t()  # [1, R]: the size of a row's result
+    product = (first * second).abs()
+    size = torch.exp2(torch.round(torch.log2(CANCELLING_SIZE * typical / product.clamp_min(1e-300))))
+    size = torch.where(product > 0, size, torch.zeros_like(size))
+    rows[:, positions[0::2]] = (size * second).t()
+    rows[:, positions[1::2]] = (-size * first).t()
+
+
+@torch.no_grad()
 def rows_agree(kernel, in_features: int, plan: RowPlan, widths: tuple[int, ...] | None = None,
-               dtype=torch.bfloat16) -> bool:
+               dtype=torch.bfloat16, device: torch.device | str = "cpu", weight_columns=None) -> bool:
     """Whether every row of a product of each width in ``widths`` (default: every width a call can
-    have under ``plan``) equals the same row computed alone, bit for bit, under ``plan`` (random
-    rows of a realistic spread of magnitudes)."""
-    gen = torch.Generator().manual_seed(1234)
-    rows = torch.randn(CHECK_ROWS, in_features, generator=gen)
-    rows *= torch.exp2(torch.randint(-3, 4, (CHECK_ROWS, 1), generator=gen).float())
-    rows = rows.to(dtype)
+    have under ``plan``) equals the same row computed alone, bit for bit, under ``plan``, with the
+    input rows of :func:`check_rows` in ``dtype`` on ``device`` (the kernel's); ``weight_columns``:
+    see there (without it, a kernel that sums in another order at another width is caught only
+    where a sum falls near a rounding boundary)."""
+    rows = check_rows(in_features, dtype, torch.device(device), weight_columns)
     alone = torch.cat([run_rows(kernel, rows[i : i + 1], plan) for i in range(CHECK_ROWS)])
     for width in plan.widths() if widths is None else widths:
-        index = torch.arange(width) % CHECK_ROWS
+        index = torch.arange(width, device=rows.device) % CHECK_ROWS
         if not torch.equal(run_rows(kernel, rows[index], plan), alone[index]):
             return False
     return True
@@ -211,21 +311,39 @@ def most_rows(out_features: int, in_features: int) -> int:
     return MOST_ROWS_LARGE if out_features * in_features > LARGE_WEIGHT else MOST_ROWS
 
 
-def choose_row_plan(kernel, out_features: int, in_features: int, dtype=torch.bfloat16) -> RowPlan:
-    """The first plan of :data:`PLANS` under which ``kernel`` is row-invariant at this thread
-    count (see :func:`rows_agree`, at every width a call can have); :class:`RowVarianceError`
-    when none is."""
+def plans_for(out_features: int, in_features: int) -> list[RowPlan]:
+    """The plans of :data:`PLANS` for a weight of this shape, in order, each call at most
+    :func:`most_rows` rows (duplicates dropped)."""
     most = most_rows(out_features, in_features)
+    found = []
     for plan in PLANS:
-        plan = RowPlan(plan.block, most)
-        if rows_agree(kernel, in_features, plan, dtype=dtype):
+        plan = RowPlan(plan.block, min(plan.most, most))
+        if plan not in found:
+            found.append(plan)
+    return found
+
+
+def choose_row_plan(kernel, out_features: int, in_features: int, dtype=torch.bfloat16,
+                    device: torch.device | str = "cpu", weight_columns=None) -> RowPlan:
+    """The first plan of :data:`PLANS` under which ``kernel`` (computing on ``device``) is
+    row-invariant with the current :func:`math_settings` (see :func:`rows_agree`, at every width a
+    call can have); :class:`RowVarianceError`, naming the weight shape, when none is."""
+    for plan in plans_for(out_features, in_features):
+        if rows_agree(kernel, in_features, plan, dtype=dtype, device=device, weight_columns=weight_columns):
             return plan
     raise RowVarianceError(
-        f"on this processor ({processor().describe()}, {torch.get_num_threads()} threads) a {dtype} product with a "
+        f"on {device_description(device)} ({torch.get_num_threads()} threads) a {dtype} product with a "
         f"[{out_features}, {in_features}] weight rounds a row differently depending on how many rows it holds, "
-        f"under every plan tried ({', '.join(p.describe() for p in PLANS)}); exact decoding in {dtype} is not "
-        "possible here: decode in float32"
+        f"under every plan tried ({'; '.join(p.describe() for p in plans_for(out_features, in_features))}); exact decoding in {dtype} is not "
+        f"possible here: {_wider_advice(dtype)}"
     )
+
+
+def _wider_advice(dtype: torch.dtype) -> str:
+    """What to decode in where ``dtype`` cannot be made row-invariant."""
+    if dtype == torch.float32:
+        return "decode with the stock kernels (float32 differs from a one-row pass only at near-ties)"
+    return "decode in float32"
 
 
 def onednn_kernel(packed: torch.Tensor, bias: torch.Tensor | None):
@@ -242,64 +360,94 @@ def stock_kernel(weight: torch.Tensor, bias: torch.Tensor | None):
     return kernel
 
 
+class PlanKey(NamedTuple):
+    """What a row plan holds for: a weight shape (and whether a bias is added), the kernel (packed
+    or stock), the dtype, the device and the :func:`math_settings` there."""
+
+    out_features: int
+    in_features: int
+    bias: bool
+    packed: bool
+    dtype: torch.dtype
+    device: torch.device
+    settings: tuple
+
+
 class RowPlans:
-    """The row plan of each weight shape at each thread count, chosen on first use and shared by
-    every layer of one prepared model (a model prepared at 2 threads and later run at 4 is checked
-    again at 4 before its first product there)."""
+    """The row plan of each :class:`PlanKey`, chosen (so checked) on first use and shared by every
+    layer of one prepared model: a model prepared at 2 threads and later run at 4, or moved to
+    another device or dtype, is checked again there before its first product."""
 
     def __init__(self):
-        self._plans: dict[tuple, RowPlan] = {}
+        self._plans: dict[PlanKey, RowPlan] = {}
 
     def plan(self, layer: "PackedLinear") -> RowPlan:
-        key = (layer.out_features, layer.in_features, layer.bias is not None, layer.packed is not None,
-               torch.get_num_threads())
+        """The plan for ``layer`` where it now computes (on ``meta``, which holds no values, the
+        padding plan, unchecked: a pass there computes shapes only)."""
+        if not holds_data(layer.device):
+            return RowPlan(0, most_rows(layer.out_features, layer.in_features))
+        key = PlanKey(layer.out_features, layer.in_features, layer.bias is not None, layer.packed is not None,
+                      layer.dtype, layer.device, math_settings(layer.device))
         found = self._plans.get(key)
         if found is None:
             found = self._plans[key] = layer.choose_plan()
         return found
 
-    def describe(self) -> str:
-        kinds = sorted({p.describe() for p in self._plans.values()})
-        return ", ".join(kinds) if kinds else "not checked yet"
+    def describe(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> str:
+        """The plans chosen so far (on ``device`` in ``dtype`` where given)."""
+        kinds = sorted({plan.describe() for key, plan in self._plans.items()
+                        if (device is None or key.device == torch.device(device)) and (dtype is None or key.dtype == dtype)})
+        return ", ".join(kinds) if kinds else "row plans checked on first use"
 
 
 def _as_out_in(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``[out, in]`` weight and the bias of an ``nn.Linear`` or a GPT-2 style ``Conv1D``."""
+    """The ``[out, in]`` weight and the bias of an ``nn.Linear``, a GPT-2 style ``Conv1D`` or a
+    :class:`PackedLinear`."""
+    bias = None if module.bias is None else module.bias.detach()
     if isinstance(module, Conv1D):
-        return module.weight.detach().t(), None if module.bias is None else module.bias.detach()
-    return module.weight.detach(), None if module.bias is None else module.bias.detach()
+        return module.weight.detach().t(), bias
+    return module.weight.detach(), bias
 
 
 class PackedLinear(nn.Module):
-    """A linear layer computed in bf16 with its weight packed once for the processor's kernels
-    (oneDNN), row-invariant under the row plan its :class:`RowPlans` chooses.
+    """A linear layer computing in one dtype (bf16 by default), row-invariant under the row plan its
+    :class:`RowPlans` chooses where it computes.
 
-    The packed weight is an opaque oneDNN tensor: this module keeps no other copy.  What a plain
-    layer offers still works: ``state_dict()`` gives the weight unpacked (bf16) under ``weight``
-    and ``load_state_dict`` repacks it; ``weight`` reads the unpacked weight; ``copy.deepcopy`` and
-    pickling unpack and repack.  ``.to()`` / ``.float()`` to another dtype or device turn the layer
-    into a plain (unpacked) one of that dtype, as for any layer (it is then no longer row-invariant;
-    :func:`probe_mtp.optimize.optimize` prepares a model again)."""
+    Holds either ``packed``: the weight packed once for oneDNN (an opaque tensor; no other copy is
+    kept), where oneDNN runs the dtype (a CPU, ``pack=True``), or ``plain``: the ``[out, in]``
+    weight itself, multiplied with the stock product (``torch.nn.functional.linear``: on an
+    accelerator, on a CPU without oneDNN for the dtype, or after a move).  A plain weight in the
+    dtype and on the device it was given is used as it is (no copy: a tied output layer shares the
+    embedding's storage).
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, plans: RowPlans, pack: bool = True):
+    What a plain layer offers still works: ``state_dict()`` gives the weight unpacked under
+    ``weight`` and ``load_state_dict`` repacks it; ``weight`` reads the unpacked weight;
+    ``copy.deepcopy`` and pickling unpack and repack.  ``.to()`` / ``.float()`` / ``.cuda()`` to
+    another dtype or device turn a packed layer into a plain one there, and every layer stays
+    row-invariant: its plan for the new device and dtype is checked before its first product
+    there (:class:`RowVarianceError` from that product where no plan holds)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, plans: RowPlans, pack: bool = True,
+                 dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.plans = plans
-        weight = weight.to(torch.bfloat16).contiguous()
+        weight = weight.detach().to(dtype).contiguous()
         if bias is None:
             self.register_parameter("bias", None)
         else:
-            self.bias = nn.Parameter(bias.to(torch.bfloat16), requires_grad=False)
+            self.bias = nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if pack else None
         self.plain = None if pack else weight
 
     @classmethod
     def from_module(cls, module: nn.Module, plans: RowPlans, pack: bool = True,
-                    weight: torch.Tensor | None = None) -> "PackedLinear":
-        """The packed form of ``module`` (an ``nn.Linear`` or ``Conv1D``); ``weight``: its ``[out, in]``
-        weight already in bf16 (a tied output layer's, cast once for the embedding too)."""
+                    weight: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> "PackedLinear":
+        """The form of ``module`` (an ``nn.Linear``, ``Conv1D`` or :class:`PackedLinear`) computing in
+        ``dtype``, packed when ``pack``; ``weight``: its ``[out, in]`` weight already in ``dtype`` (a
+        tied output layer's, cast once for the embedding too)."""
         own, bias = _as_out_in(module)
-        return cls(own if weight is None else weight, bias, plans, pack)
+        return cls(own if weight is None else weight, bias, plans, pack, dtype)
 
     def kernel(self):
         bias = None if self.bias is None else self.bias.detach()
@@ -308,11 +456,26 @@ class PackedLinear(nn.Module):
         return stock_kernel(self.plain, bias)
 
     def choose_plan(self) -> RowPlan:
-        return choose_row_plan(self.kernel(), self.out_features, self.in_features, self.dtype)
+        return choose_row_plan(self.kernel(), self.out_features, self.in_features, self.dtype, self.device,
+                               self.columns)
+
+    def columns(self, positions: torch.Tensor) -> torch.Tensor:
+        """The weight's columns at ``positions``, ``[len(positions), out]``: read from the plain
+        weight, or through the packed weight's bias-free kernel on one-hot rows (each output then
+        one product by 1, exact)."""
+        if self.packed is None:
+            return self.plain[:, positions.to(self.plain.device)].t()
+        basis = torch.zeros(len(positions), self.in_features, dtype=self.dtype, device="cpu")
+        basis[torch.arange(len(positions), device="cpu"), positions] = 1
+        return run_rows(onednn_kernel(self.packed, None), basis, RowPlan())
 
     @property
     def dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.packed is not None else self.plain.dtype
+        return (self.packed if self.packed is not None else self.plain).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu") if self.packed is not None else self.plain.device
 
     @property
     def weight(self) -> torch.Tensor:
@@ -320,21 +483,18 @@ class PackedLinear(nn.Module):
         return self.packed.to_dense() if self.packed is not None else self.plain
 
     def weight_bytes(self) -> int:
-        return self.out_features * self.in_features * (2 if self.packed is not None else self.plain.element_size())
+        return self.out_features * self.in_features * self.dtype.itemsize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
         if x2d.dtype != self.dtype:
             x2d = x2d.to(self.dtype)
-        if self.packed is not None or self.plain.device.type == "cpu":
-            out = run_rows(self.kernel(), x2d.contiguous(), self.plans.plan(self))
-        else:  # moved off the CPU by .to(): a plain layer
-            out = self.kernel()(x2d)
+        out = run_rows(self.kernel(), _aligned(x2d.contiguous()), self.plans.plan(self))
         return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        kind = "packed bf16" if self.packed is not None else f"plain {self.dtype}"
+        kind = f"packed {self.dtype}" if self.packed is not None else f"stock product, {self.dtype} on {self.device}"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {kind}"
 
     # ---- what a plain layer offers
@@ -352,7 +512,7 @@ class PackedLinear(nn.Module):
                 error_msgs.append(f"size mismatch for {key}: {tuple(weight.shape)} instead of "
                                   f"{(self.out_features, self.in_features)}")
                 return
-            self._set_weight(weight.detach().to(self.dtype))
+            self._set_weight(weight.detach())
         elif strict:
             missing_keys.append(key)
         bias_key = prefix + "bias"
@@ -364,15 +524,21 @@ class PackedLinear(nn.Module):
                 missing_keys.append(bias_key)
 
     def _set_weight(self, weight: torch.Tensor) -> None:
-        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and self.packed is not None:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        """Take ``weight`` (``[out, in]``) in this layer's dtype, on its device, packed if it is."""
+        weight = weight.to(device=self.device, dtype=self.dtype).contiguous()
+        if self.packed is not None:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         else:
-            self.packed, self.plain = None, weight.contiguous()
+            self.plain = weight
 
     def _apply(self, fn, recurse=True):
-        moved = fn(self.weight)
-        if moved.dtype != torch.bfloat16 or moved.device.type != "cpu" or self.packed is None:
-            self.packed, self.plain = None, moved
+        # where fn sends a tensor of this layer's dtype and device, learnt from an empty one (a
+        # packed weight is not unpacked for a move that changes nothing)
+        probe = fn(torch.empty(0, dtype=self.dtype, device=self.device))
+        if self.packed is None:
+            self.plain = fn(self.plain)
+        elif (probe.dtype, probe.device) != (self.dtype, self.device):
+            self.packed, self.plain = None, fn(self.weight)
         return super()._apply(fn, recurse)
 
     def __getstate__(self):
@@ -389,16 +555,23 @@ class PackedLinear(nn.Module):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(unpacked, 1)
 
 
+def _aligned(x2d: torch.Tensor) -> torch.Tensor:
+    """``x2d``, copied when its data do not start on a 16-byte boundary: BLAS libraries (cuBLASLt)
+    choose kernels by operand alignment too, and the checks run on aligned rows."""
+    return x2d.clone() if x2d.data_ptr() % 16 else x2d
+
+
 # ------------------------------------------------------------------------------- attention
-def _visible(attention_mask, heads_kv: int, groups: int, queries: int, keys: int, causal: bool):
+def _visible(attention_mask, heads_kv: int, groups: int, queries: int, keys: int, causal: bool,
+             device: torch.device):
     """The mask as ``[B | 1, H_kv | 1, G | 1, N, T]`` (bool: True = attend, or additive float), or
-    None: every key."""
+    None: every key.  A mask made here is made on ``device`` (the queries')."""
     if attention_mask is None:
         if queries == 1 or not causal:
             return None
         # no mask with several queries: causal, the queries being the last ``queries`` keys
-        rows = torch.arange(keys - queries, keys)[:, None]
-        return (rows >= torch.arange(keys)[None])[None, None, None]
+        rows = torch.arange(keys - queries, keys, device=device)[:, None]
+        return (rows >= torch.arange(keys, device=device)[None])[None, None, None]
     mask = attention_mask[..., :keys]
     heads = mask.shape[1]
     if heads == 1:
@@ -415,7 +588,8 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     ``query`` ``[B, H, N, D]``, ``key`` / ``value`` ``[B, H_kv, T, D | Dv]`` (grouped queries share
     key heads without copies), ``attention_mask``: None (causal; a lone query sees every key),
     boolean (True = attend) or additive float, ``[B, 1 | H, N, >= T]``.  Computed in float64 and
-    rounded once to the query's dtype (see the module's notes); returns ``([B, N, H, Dv], None)``.
+    rounded once to the query's dtype (see the module's notes); every tensor it makes is made on
+    the query's device.  Returns ``([B, N, H, Dv], None)``.
     Softcapping (Gemma 2) is applied to the scores; attention sinks (``s_aux``) are refused."""
     if s_aux is not None:
         raise NotImplementedError("exact attention does not implement attention sinks (s_aux)")
@@ -428,7 +602,7 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     keys64 = key.to(torch.float64).transpose(-1, -2)  # [B, H_kv, D, T]
     values64 = value.to(torch.float64)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    mask = _visible(attention_mask, heads_kv, groups, queries, keys, causal)
+    mask = _visible(attention_mask, heads_kv, groups, queries, keys, causal, query.device)
     per_query = heads * keys * 8 * batch
     step = max(1, min(queries, QUERY_CHUNK, ATTENTION_BYTES // max(per_query, 1)))
     outputs = []
@@ -436,8 +610,9 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
         stop = min(queries, start + step)
         part = None if mask is None else mask[..., start:stop, :]
         # keys after the last one these queries see add exact zeros: a long causal prefill in
-        # chunks skips half its products
-        seen = _keys_seen(part, keys)
+        # chunks skips half its products.  Finding them reads the mask on the host (a wait on an
+        # accelerator), so a pass of one chunk (every decoding step) does not look
+        seen = _keys_seen(part, keys) if step < queries else keys
         if part is not None and seen < keys:
             part = part[..., :seen]
         outputs.append(_attend(query[:, :, start:stop], keys64[..., :seen], values64[:, :, :seen], part, scale,

@@ -1,19 +1,27 @@
-"""``probe_mtp.optimize(model)``: prepare a loaded CPU model for exact decoding in bf16 on the
-processor's matrix units.
+"""``probe_mtp.optimize(model)``: prepare a loaded model for exact decoding in bf16 (or float32) on
+whatever device it is on.
 
-After it, ``model.generate`` and :func:`probe_mtp.generate` both run on the prepared model, faster
-than before, and give the same tokens: every linear layer computes in bf16 from a weight packed
-once (:class:`~probe_mtp.kernels.PackedLinear`), attention runs
-:func:`~probe_mtp.kernels.exact_attention`, and each is row-invariant, so a wide tree pass gives
-every row the bits a one-token pass gives it.  Nothing is checked per model name: a model is
-refused, before anything changes, when its attention cannot be switched (it computes attention in
-its own code) or when it computes with weights outside linear layers (mixture-of-experts experts
-and routers), because those could not be made row-invariant.
+After it, ``model.generate`` and :func:`probe_mtp.generate` both run on the prepared model and give
+the same tokens: every linear layer becomes a :class:`~probe_mtp.kernels.PackedLinear` (on a CPU
+whose oneDNN runs the dtype, its weight packed once, which is also faster; elsewhere, an
+accelerator included, the stock product on the plain weight), each under a row plan checked bit
+for bit against the one-row computation on that device before it is used; attention runs
+:func:`~probe_mtp.kernels.exact_attention`.  So a wide tree pass gives every row the bits a
+one-token pass gives it.  Nothing is checked per model name or device kind: a model is refused,
+before anything changes, when its attention cannot be switched (it computes attention in its own
+code), when it computes with weights outside linear layers (mixture-of-experts experts and
+routers), when its device cannot compute in float64, or when a layer shape's product cannot be
+made row-invariant there.
+
+Moving a prepared model (``.to(device or dtype)``, ``.float()``, ``.cuda()``) keeps it prepared and
+exact: packed layers become stock-product layers on the new device, and every layer's plan is
+checked there before its first product.  :func:`describe` says which state a model is in.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -27,12 +35,14 @@ from .kernels import (
     Processor,
     RowPlans,
     RowVarianceError,
+    device_description,
+    holds_data,
     processor,
 )
 
 PREPARED_ATTRIBUTE = "_probe_mtp_prepared"
-SUPPORTED_DTYPES = (torch.bfloat16,)
-LINEAR_TYPES = (nn.Linear, Conv1D)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
+LINEAR_TYPES = (nn.Linear, Conv1D, PackedLinear)
 
 log = logging.getLogger("probe_mtp")
 
@@ -43,25 +53,24 @@ class OptimizeError(ValueError):
 
 @dataclass
 class Prepared:
-    """What :func:`optimize` did to a model."""
+    """What :func:`optimize` did to a model: the dtype and device it prepared it for, what computes
+    there (the processor with its bf16 matrix units, or the accelerator's name), the row plans its
+    linear layers share and how many linear layers it replaced."""
 
     dtype: torch.dtype
-    processor: Processor
-    packed: bool  # weights packed for oneDNN (False: stock bf16 products, on a processor oneDNN cannot run bf16 on)
+    device: torch.device
+    hardware: str
     plans: RowPlans
-    layers: int  # linear layers replaced
-
-    def describe(self) -> str:
-        kernel = "linear weights packed once for oneDNN" if self.packed else "stock bf16 linear products"
-        units = self.processor.matrix_units or "no bf16 matrix units"
-        return (f"{str(self.dtype).replace('torch.', '')}, {kernel} ({units}; {self.plans.describe()}), "
-                "float64 row-invariant attention")
+    layers: int
 
 
 def prepared(model) -> Prepared | None:
-    """What :func:`optimize` did to ``model``, or None when it is not prepared."""
+    """What :func:`optimize` did to ``model``, or None when it is not prepared (never was, or its
+    attention was switched away from the exact one afterwards)."""
     found = model.__dict__.get(PREPARED_ATTRIBUTE)
-    return found if isinstance(found, Prepared) else None
+    if not isinstance(found, Prepared) or _attention(model) != EXACT_ATTENTION:
+        return None
+    return found
 
 
 def is_optimized(model) -> bool:
@@ -69,66 +78,113 @@ def is_optimized(model) -> bool:
 
 
 def describe(model) -> str:
-    """One line saying which dtype and kernels ``model`` computes with."""
-    found = prepared(model)
-    if found is not None:
-        return found.describe()
-    attn = getattr(model.config, "_attn_implementation", None) or "eager"
-    return f"{str(model.dtype).replace('torch.', '')}, stock kernels, {attn} attention"
+    """One line saying which dtype, device and kernels ``model`` computes with: stock, prepared by
+    :func:`optimize` where it stands, or prepared and moved since (still exact, its row plans
+    checked on first use there)."""
+    record = model.__dict__.get(PREPARED_ATTRIBUTE)
+    if not isinstance(record, Prepared):
+        return f"{_name(model.dtype)}, stock kernels, {_attention(model)} attention"
+    return ", ".join([_name(model.dtype), _where(model, record), _linear_kernels(model, record), _attention_state(model)])
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _attention(model) -> str:
+    return getattr(model.config, "_attn_implementation", None) or "eager"
+
+
+def _where(model, record: Prepared) -> str:
+    """The model's device now, and where it was prepared when it has moved since."""
+    device, dtype = _model_device(model), model.dtype
+    here = f"on {device}"
+    if not holds_data(device):
+        return f"{here} (no data: nothing checked or computed there; prepared as {_name(record.dtype)} on {record.device})"
+    if (device, dtype) == (record.device, record.dtype):
+        return f"{here} ({record.hardware})"
+    return f"{here}, moved after optimize (prepared as {_name(record.dtype)} on {record.device}; still exact)"
+
+
+def _linear_kernels(model, record: Prepared) -> str:
+    """How the linear layers compute, and their row plans where they now are."""
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    kinds = Counter("packed" if m.packed is not None else "stock" for m in layers)
+    if kinds.get("stock", 0) == 0:
+        kernel = "linear weights packed once for oneDNN"
+    elif kinds.get("packed", 0) == 0:
+        kernel = "stock linear products"
+    else:
+        kernel = f"{kinds['packed']} linear layers packed once for oneDNN, {kinds['stock']} with stock products"
+    plans = record.plans.describe(_model_device(model), model.dtype)
+    return f"{kernel} ({plans})"
+
+
+def _attention_state(model) -> str:
+    attn = _attention(model)
+    if attn == EXACT_ATTENTION:
+        return "float64 row-invariant attention"
+    return f"{attn} attention (switched after optimize: not row-invariant, so not exact)"
+
+
+def _model_device(model) -> torch.device:
+    return torch.device(getattr(model, "device", "cpu"))
 
 
 def weight_bytes(model) -> int:
-    """Bytes of every weight of ``model``, packed ones included."""
+    """Bytes of every weight of ``model``, packed ones included (a stock-product layer's weight that
+    shares an embedding's storage counted once)."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    return total + sum(m.weight_bytes() for m in model.modules() if isinstance(m, PackedLinear))
+    counted = {p.data_ptr() for p in model.parameters()}
+    for module in model.modules():
+        if isinstance(module, PackedLinear) and (module.plain is None or module.plain.data_ptr() not in counted):
+            total += module.weight_bytes()
+    return total
 
 
 def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units: bool = True):
-    """Prepare ``model`` (loaded, on the CPU) in place for exact decoding in ``dtype`` and return it.
+    """Prepare ``model`` in place for exact decoding in ``dtype`` (bf16 or float32) on the device it
+    is on, and return it.
 
     Every ``nn.Linear`` (and GPT-2 style ``Conv1D``) becomes a :class:`~probe_mtp.kernels.PackedLinear`
-    (its bf16 weight packed once for oneDNN; a tied output layer gets a packed copy while the
-    embedding keeps its own for lookups, so the model holds as many bytes as in float32, less the
-    other layers' halves), the other parameters are cast to ``dtype``, and the attention becomes
-    :data:`~probe_mtp.kernels.EXACT_ATTENTION`.  Before anything changes, each distinct weight shape
-    is checked to be row-invariant on this processor at this thread count
-    (:func:`~probe_mtp.kernels.choose_row_plan`).
+    computing in ``dtype``: on a CPU whose oneDNN runs ``dtype``, its weight packed once (a tied
+    output layer gets a packed copy while the embedding keeps its own for lookups); elsewhere the
+    stock product on the plain weight (no copy where the weight is already in ``dtype``).  The
+    other parameters are cast to ``dtype`` and the attention becomes
+    :data:`~probe_mtp.kernels.EXACT_ATTENTION`.  Before anything changes, each distinct weight
+    shape is checked to be row-invariant where it computes, at the current thread count and math
+    settings (:func:`~probe_mtp.kernels.choose_row_plan`).
 
-    ``require_matrix_units``: refuse on a processor without bf16 matrix units (AMX or
-    AVX512-BF16), where bf16 would be slower than float32 (False: prepare anyway; bf16 computes on
-    any CPU, exactly as well, only more slowly).  Raises :class:`OptimizeError` (the model left as
-    it was) for another dtype, a model off the CPU, a model that cannot be made row-invariant, or
-    kernels that are not row-invariant here.  A model already prepared is returned as it is."""
-    found = prepared(model)
-    if found is not None:
-        if found.dtype != dtype:
-            raise OptimizeError(f"the model is already prepared for {found.dtype}; load it again to prepare it for {dtype}")
-        return model
+    ``require_matrix_units``: on a CPU, refuse bf16 on a processor without bf16 matrix units (AMX
+    or AVX512-BF16), where bf16 would be slower than float32 (False: prepare anyway; bf16 computes
+    on any CPU, exactly as well, only more slowly).  It does not apply to float32 or to
+    accelerators.  Raises :class:`OptimizeError` (the model left as it was) for another dtype, a
+    model with weights on ``meta``, a device without float64, a model that cannot be made
+    row-invariant, or a layer shape whose product is not row-invariant there (the message names
+    the layer, its shape and why).  A model already prepared for ``dtype`` where it is is returned
+    as it is; one moved since, or prepared for another dtype, is prepared again where it is now."""
     cpu = processor()
+    if _as_prepared(model, dtype, cpu):
+        return model
     _check_can_optimize(model, dtype, cpu, require_matrix_units)
     plans = RowPlans()
-    pack = cpu.onednn_bf16
     layers = _linear_layers(model)
     # a weight the input embedding shares (a tied output layer) is cast once, for both
     tied = _tied_to_embedding(model, layers, dtype)
-    checked = _check_kernels(layers, plans, pack, tied)
+    checked = _check_kernels(layers, plans, dtype, cpu, tied)
     count = len(layers)
-    layers.reverse()
-    while layers:  # each float32 weight goes as soon as its packed copy is in place
-        parent, name, child = layers.pop()
-        packed = checked.pop(id(child), None) or PackedLinear.from_module(child, plans, pack, tied.get(id(child)))
-        setattr(parent, name, packed)
-        del child, packed
+    _replace_layers(layers, checked, plans, dtype, cpu, tied)
     _cast_parameters(model, dtype, {id(model.get_input_embeddings().weight): w for w in tied.values()})
     tied.clear()
     model.set_attn_implementation(EXACT_ATTENTION)
     model.config.dtype = dtype
-    trim = heap_trimmer(torch.device("cpu"), every=1)
+    device = _model_device(model)
+    trim = heap_trimmer(device, every=1)
     if trim is not None:
         trim()  # the float32 weights' pages go back to the system now, not at some later step
-    result = Prepared(dtype, cpu, pack, plans, count)
-    model.__dict__[PREPARED_ATTRIBUTE] = result
-    log.info("probe_mtp.optimize: %s", result.describe())  # dtype auto says which through this line
+    hardware = cpu.describe() if device.type == "cpu" else device_description(device)
+    model.__dict__[PREPARED_ATTRIBUTE] = Prepared(dtype, device, hardware, plans, count)
+    log.info("probe_mtp.optimize: %s", describe(model))  # dtype auto says which through this line
     return model
 
 
@@ -139,7 +195,8 @@ def auto_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     keeps no float32 copy; while transformers casts, the float32 file's pages are still resident
     (a load peak above the float32 model's, for about a second; docs/exact-bf16.md)."""
     if torch.device(device).type != "cpu":
-        log.info("dtype auto: float32 on %s (optimize() prepares CPU models)", device)
+        log.info("dtype auto: float32 on %s (for exact bf16 there, load in bf16 and call probe_mtp.optimize(model))",
+                 device)
         return torch.float32
     cpu = processor()
     if not cpu.has_bf16_units:
@@ -163,19 +220,34 @@ def optimize_if_supported(model) -> bool:
     return True
 
 
+def _as_prepared(model, dtype: torch.dtype, cpu: Processor) -> bool:
+    """Whether ``model`` is prepared for ``dtype`` where it now is, as :func:`optimize` would leave it:
+    marked there, exact attention, every linear layer in ``dtype`` and packed where it can be."""
+    record = prepared(model)
+    if record is None or (record.device, record.dtype) != (_model_device(model), dtype):
+        return False
+    return all(isinstance(child, PackedLinear) and child.dtype == dtype
+               and (child.packed is not None) == _packs(child.device, dtype, cpu)
+               for _, _, _, child in _linear_layers(model))
+
+
 def _check_can_optimize(model, dtype, cpu: Processor, require_matrix_units: bool) -> None:
     name = type(model).__name__
     if dtype not in SUPPORTED_DTYPES:
-        raise OptimizeError(f"optimize() prepares models for torch.bfloat16 only, not {dtype}; "
-                            "float32 needs no preparation (it is exact with the stock kernels)")
-    device = getattr(model, "device", torch.device("cpu"))
-    if torch.device(device).type != "cpu":
-        raise OptimizeError(f"optimize() prepares models on the CPU; {name} is on {device}")
-    if require_matrix_units and not cpu.has_bf16_units:
+        raise OptimizeError(f"optimize() prepares models for {' or '.join(map(str, SUPPORTED_DTYPES))}, not {dtype}")
+    empty = sorted({n.rsplit(".", 1)[0] for n, p in model.named_parameters() if not holds_data(p.device)})
+    if empty:
+        raise OptimizeError(f"{name} has weights on meta (no data: offloaded or not loaded yet), e.g. in {empty[0]}; "
+                            "load it onto a device first")
+    device = _model_device(model)
+    if not _computes_float64(device):
+        raise OptimizeError(f"{device} does not compute in float64, which the exact attention needs; "
+                            "decode this model in float32 there")
+    if require_matrix_units and device.type == "cpu" and not cpu.fast_for(dtype):
         why = "oneDNN cannot run bf16 here" if not cpu.onednn_bf16 else "no AMX or AVX512-BF16 instructions"
         raise OptimizeError(
-            f"this processor ({cpu.name}) has no bf16 matrix units ({why}): bf16 would be slower than float32 here, "
-            "so the model was left as it was (float32 is exact and fastest on this machine). "
+            f"this processor ({cpu.name}) has no bf16 matrix units ({why}): {dtype} would be slower than float32 "
+            "here, so the model was left as it was (float32 is exact and fastest on this machine). "
             "Pass require_matrix_units=False to prepare it anyway")
     can_switch = getattr(model, "_can_set_attn_implementation", None)
     if not callable(can_switch) or not can_switch():
@@ -190,12 +262,21 @@ def _check_can_optimize(model, dtype, cpu: Processor, require_matrix_units: bool
             "which optimize() cannot make row-invariant; decode it in float32")
 
 
+def _computes_float64(device: torch.device) -> bool:
+    """Whether ``device`` multiplies float64 matrices (Apple's MPS, for one, has no float64)."""
+    try:
+        ones = torch.ones(2, 2, dtype=torch.float64, device=device)
+        return (ones @ ones).dtype == torch.float64
+    except (TypeError, RuntimeError):
+        return False
+
+
 def _weights_outside_linear_layers(model) -> list[str]:
     """Parameters of two or more dimensions that a forward uses in products of their own: not a
     linear layer's, not an embedding table's."""
     found = []
     for module_name, module in model.named_modules():
-        if isinstance(module, LINEAR_TYPES + (nn.Embedding, PackedLinear)):
+        if isinstance(module, LINEAR_TYPES + (nn.Embedding,)):
             continue
         for param_name, param in module.named_parameters(recurse=False):
             if param.dim() >= 2:
@@ -203,9 +284,20 @@ def _weights_outside_linear_layers(model) -> list[str]:
     return sorted(set(found))
 
 
-def _linear_layers(model) -> list[tuple[nn.Module, str, nn.Module]]:
-    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+def _linear_layers(model) -> list[tuple[str, nn.Module, str, nn.Module]]:
+    """``(qualified name, parent, attribute, layer)`` of every linear layer of ``model``."""
+    return [(f"{path}.{name}" if path else name, parent, name, child)
+            for path, parent in model.named_modules() for name, child in parent.named_children()
             if isinstance(child, LINEAR_TYPES)]
+
+
+def _layer_device(module: nn.Module) -> torch.device:
+    return module.device if isinstance(module, PackedLinear) else module.weight.device
+
+
+def _packs(device: torch.device, dtype: torch.dtype, cpu: Processor) -> bool:
+    """Whether a layer on ``device`` computing in ``dtype`` gets its weight packed for oneDNN."""
+    return device.type == "cpu" and cpu.packs(dtype)
 
 
 def _tied_to_embedding(model, layers, dtype) -> dict[int, torch.Tensor]:
@@ -213,29 +305,49 @@ def _tied_to_embedding(model, layers, dtype) -> dict[int, torch.Tensor]:
     embedding's (at most one: a tied output layer)."""
     embed = model.get_input_embeddings()
     shared = getattr(embed, "weight", None)
-    return {id(child): shared.detach().to(dtype) for _, _, child in layers
+    return {id(child): shared.detach().to(dtype) for _, _, _, child in layers
             if isinstance(child, nn.Linear) and shared is not None and child.weight is shared}
 
 
-def _check_kernels(layers, plans: RowPlans, pack: bool, tied: dict[int, torch.Tensor]) -> dict[int, PackedLinear]:
-    """Pack the first layer of every distinct weight shape and choose (so check) its row plan,
-    before the model changes; returns those packed layers by the ``id`` of the layer they replace
-    (kept for the conversion, so no weight is packed twice and nothing larger than the model's own
-    packed layers is ever allocated)."""
+def _new_layer(child: nn.Module, plans: RowPlans, dtype: torch.dtype, cpu: Processor,
+               tied: dict[int, torch.Tensor]) -> PackedLinear:
+    """The :class:`PackedLinear` that replaces ``child``, packed where its device allows."""
+    return PackedLinear.from_module(child, plans, _packs(_layer_device(child), dtype, cpu), tied.get(id(child)), dtype)
+
+
+def _check_kernels(layers, plans: RowPlans, dtype: torch.dtype, cpu: Processor,
+                   tied: dict[int, torch.Tensor]) -> dict[int, PackedLinear]:
+    """Build the first layer of every distinct weight shape on every device and choose (so check)
+    its row plan, before the model changes; returns those layers by the ``id`` of the layer they
+    replace (kept for the conversion, so no weight is packed twice and nothing larger than the
+    model's own layers is ever allocated).  :class:`OptimizeError` naming the layer, its shape and
+    why where no plan holds."""
     first: dict[int, PackedLinear] = {}
     seen = set()
-    for _, _, child in layers:
-        key = _out_in_shape(child)
+    for qualified, _, _, child in layers:
+        key = (_out_in_shape(child), _layer_device(child))
         if key in seen:
             continue
         seen.add(key)
-        packed = PackedLinear.from_module(child, plans, pack, tied.get(id(child)))
+        layer = _new_layer(child, plans, dtype, cpu, tied)
         try:
-            plans.plan(packed)
+            plans.plan(layer)
         except RowVarianceError as exc:
-            raise OptimizeError(f"{exc}; the model was left as it was") from None
-        first[id(child)] = packed
+            raise OptimizeError(f"layer {qualified}: {exc}; the model was left as it was") from None
+        first[id(child)] = layer
     return first
+
+
+def _replace_layers(layers, checked: dict[int, PackedLinear], plans: RowPlans, dtype: torch.dtype, cpu: Processor,
+                    tied: dict[int, torch.Tensor]) -> None:
+    """Put a :class:`PackedLinear` in place of every layer of ``layers`` (emptied as it goes: each
+    old weight goes as soon as its replacement is in place)."""
+    layers.reverse()
+    while layers:
+        _, parent, name, child = layers.pop()
+        layer = checked.pop(id(child), None) or _new_layer(child, plans, dtype, cpu, tied)
+        setattr(parent, name, layer)
+        del child, layer
 
 
 def _out_in_shape(module) -> tuple[tuple[int, int], bool]:
@@ -245,7 +357,7 @@ def _out_in_shape(module) -> tuple[tuple[int, int], bool]:
 
 
 def _cast_parameters(model, dtype: torch.dtype, cast: dict[int, torch.Tensor]) -> None:
-    """Cast every floating parameter outside the packed layers to ``dtype`` (buffers such as rotary
+    """Cast every floating parameter outside the linear layers to ``dtype`` (buffers such as rotary
     frequencies keep their dtype, as in a model loaded in ``dtype``); ``cast``: parameters already
     cast, by ``id``."""
     for module in model.modules():

@@ -1,6 +1,10 @@
 """The kernels of a prepared model (probe_mtp.kernels), on toy tensors: each place where a wide pass
 could round differently from a one-token pass is shown row-invariant bit for bit, and the checks that
-choose how rows reach a kernel are shown to catch a kernel that is not."""
+choose how rows reach a kernel are shown to catch a kernel that is not.  Both kernels of a linear
+layer are covered: weights packed once for oneDNN and the stock product on the plain weight (what
+an accelerator, a CPU without oneDNN for the dtype, or a moved layer computes with: on CUDA the same
+checks decide at run time), in bf16 and float32; every tensor the kernels make is made on the
+inputs' device (checked with torch's default device set to ``meta``)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from probe_mtp.kernels import (
     bucket_rows,
     choose_row_plan,
     exact_attention,
+    math_settings,
     rows_agree,
     run_rows,
 )
@@ -31,6 +36,9 @@ ONEDNN_BF16 = kernels.processor().onednn_bf16
 PACKINGS = [pytest.param(True, id="packed"), pytest.param(False, id="stock")]
 if not ONEDNN_BF16:
     PACKINGS = [pytest.param(False, id="stock")]
+# float32 layers: stock everywhere, packed where oneDNN runs float32 (the next dtype optimize takes)
+FLOAT32_PACKINGS = [pytest.param(pack, id=name) for pack, name in ((True, "packed"), (False, "stock"))
+                    if not pack or kernels.processor().packs(torch.float32)]
 
 
 class Module:
@@ -40,9 +48,9 @@ class Module:
     training = False
 
 
-def _bf16(*shape, seed=0, scale=1.0):
+def _bf16(*shape, seed=0, scale=1.0, dtype=torch.bfloat16):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16)
+    return (torch.randn(*shape, generator=gen, device="cpu") * scale).to(dtype)
 
 
 # ------------------------------------------------------------------------------- linear layers
@@ -51,17 +59,32 @@ def _bf16(*shape, seed=0, scale=1.0):
 SHAPES = [(1536, 576), (576, 1536), (192, 576), (640, 2048), (2048, 640), (37, 64)]
 
 
-@pytest.mark.parametrize("pack", PACKINGS)
-@pytest.mark.parametrize("out_features,in_features", SHAPES)
-def test_linear_row_of_any_width_equals_the_one_row_product(out_features, in_features, pack):
-    layer = PackedLinear(_bf16(out_features, in_features, seed=1, scale=in_features**-0.5),
-                         _bf16(out_features, seed=2), RowPlans(), pack=pack)
-    x = _bf16(300, in_features, seed=3)
+def _check_row_invariance(out_features, in_features, pack, dtype):
+    layer = PackedLinear(_bf16(out_features, in_features, seed=1, scale=in_features**-0.5, dtype=dtype),
+                         _bf16(out_features, seed=2, dtype=dtype), RowPlans(), pack=pack, dtype=dtype)
+    assert layer.dtype == dtype and (layer.packed is not None) == pack
+    x = _bf16(300, in_features, seed=3, dtype=dtype)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])])
     for width in (2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 128, 300):
         assert torch.equal(layer(x[:width]), alone[:width]), f"width {width}"
-    # a batch of rows shaped [B, N, H] is the same rows
+    # a batch of rows shaped [B, N, H] is the same rows, and so is a row that starts off a 16-byte boundary
     assert torch.equal(layer(x[:24].reshape(3, 8, in_features)).reshape(24, -1), alone[:24])
+    unaligned = torch.cat([x.new_zeros(1), x[1]])[1:]
+    assert unaligned.data_ptr() % 16 and torch.equal(layer(unaligned[None]), alone[1:2])
+
+
+@pytest.mark.parametrize("pack", PACKINGS)
+@pytest.mark.parametrize("out_features,in_features", SHAPES)
+def test_linear_row_of_any_width_equals_the_one_row_product(out_features, in_features, pack):
+    _check_row_invariance(out_features, in_features, pack, torch.bfloat16)
+
+
+@pytest.mark.parametrize("pack", FLOAT32_PACKINGS)
+@pytest.mark.parametrize("out_features,in_features", [(1536, 576), (576, 1536), (37, 64)])
+def test_float32_linear_row_of_any_width_equals_the_one_row_product(out_features, in_features, pack):
+    """The dtype is a parameter: float32 layers (MKL's stock product differs between widths here,
+    so its plan differs) are checked and row-invariant the same way."""
+    _check_row_invariance(out_features, in_features, pack, torch.float32)
 
 
 @pytest.mark.parametrize("pack", PACKINGS)
@@ -107,6 +130,7 @@ def test_the_check_catches_a_kernel_whose_one_row_path_differs_and_pads_it():
     # the plan pads a lone row, so every width agrees
     assert rows_agree(kernel, 256, plain, tuple(range(1, 41)))
     assert choose_row_plan(kernel, 64, 256) == RowPlan(0, 512)
+    assert choose_row_plan(kernel, 64, 256, weight_columns=lambda positions: weight[:, positions].t()) == RowPlan(0, 512)
 
 
 def test_the_check_refuses_a_kernel_no_plan_makes_row_invariant():
@@ -116,6 +140,44 @@ def test_the_check_refuses_a_kernel_no_plan_makes_row_invariant():
         assert not rows_agree(kernel, 128, plan, (1, 2, 3, 17, 40))
     with pytest.raises(RowVarianceError, match="rounds a row differently.*decode in float32"):
         choose_row_plan(kernel, 64, 128)
+
+
+def _sums_in_another_order_past_two_rows(weight):
+    """A kernel that, like the stock bf16 product on this Xeon, sums a row in another order when a
+    call holds more than two rows: float32 sums, one after another for up to two rows, in 8
+    interleaved lanes beyond.  The results differ only where a sum falls near a rounding boundary
+    of bf16 (in about one output of 10^4 on random rows)."""
+    w = weight.float()
+
+    def in_order(parts):
+        total = torch.zeros(parts.shape[:-1])
+        for k in range(parts.shape[-1]):
+            total = total + parts[..., k]
+        return total
+
+    def kernel(x2d):
+        products = x2d.float()[:, None, :] * w[None]  # exact: bf16 times bf16
+        if x2d.shape[0] <= 2:
+            return in_order(products).to(torch.bfloat16)
+        lanes = in_order(products.unflatten(-1, (-1, 8)).transpose(-1, -2))  # [M, N, 8]
+        return in_order(lanes).to(torch.bfloat16)
+
+    return kernel
+
+
+def test_the_check_sees_a_kernel_that_sums_in_another_order_at_another_width():
+    """Each check row holds pairs of large entries whose products with one output's weights cancel
+    exactly, so that output is the sum of the small products only where they were added while no
+    large one was pending: any other summation order shows in its bits."""
+    weight = _bf16(40, 64, seed=14, scale=0.125)
+    kernel = _sums_in_another_order_past_two_rows(weight)
+    columns = lambda positions: weight[:, positions].t()  # noqa: E731
+    assert not rows_agree(kernel, 64, RowPlan(0), (3, 8, 24), weight_columns=columns)
+    assert choose_row_plan(kernel, 40, 64, weight_columns=columns) == RowPlan(16, 512)
+    rows = kernels.check_rows(64, torch.float64, weight_columns=columns)
+    target = rows.new_tensor([r * 40 // kernels.CHECK_ROWS for r in range(kernels.CHECK_ROWS)]).long()
+    products = rows * weight.double()[target]
+    assert (products.abs().amax(-1) > 2**12 * products.sum(-1).abs()).float().mean() > 0.9  # large terms, small sums
 
 
 def test_block_plans_run_fixed_blocks_and_long_inputs_in_chunks():
@@ -133,6 +195,7 @@ def test_block_plans_run_fixed_blocks_and_long_inputs_in_chunks():
     assert torch.equal(run_rows(kernel, x, RowPlan(0, most=16)), x * 2) and calls == [16, 16, 8]
 
 
+@pytest.mark.cpu_only  # oneDNN's kernel per row count
 def test_calls_are_padded_to_a_few_row_counts_that_the_check_covers():
     """oneDNN keeps a kernel per row count it is called with (0.6 MB each for a 1536 x 576 weight):
     every call is padded to one of a few widths, and the check covers every one of them."""
@@ -163,6 +226,7 @@ def test_calls_are_padded_to_a_few_row_counts_that_the_check_covers():
 
 
 # ------------------------------------------------------------------------------- PackedLinear as a layer
+@pytest.mark.cpu_only  # oneDNN packing
 @pytest.mark.parametrize("pack", PACKINGS)
 def test_packed_layer_state_dict_copy_pickle_and_to(pack):
     weight, bias = _bf16(48, 32, seed=11), _bf16(48, seed=12)
@@ -187,6 +251,75 @@ def test_packed_layer_state_dict_copy_pickle_and_to(pack):
     layer.to(torch.float32)
     assert layer.packed is None and layer.weight.dtype == torch.float32
     assert torch.allclose(layer(x.float()), expected.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_stock_layer_uses_its_weight_as_it_is_and_is_checked_per_dtype_and_settings():
+    """The stock path keeps the weight it was given (no copy: a tied output layer shares the
+    embedding's storage); its plan is checked at the first product in each dtype and under each
+    setting of the math switches, and reused after that."""
+    weight, x = _bf16(48, 32, seed=20), _bf16(5, 32, seed=21)
+    plans = RowPlans()
+    layer = PackedLinear(weight, None, plans, pack=False)
+    assert layer.packed is None and layer.plain.data_ptr() == weight.data_ptr()
+    assert plans.describe() == "row plans checked on first use"
+    layer(x)
+    layer(x[:3])
+    assert len(plans._plans) == 1 and plans.describe(dtype=torch.float32) == "row plans checked on first use"
+    layer.float()
+    assert layer.dtype == torch.float32 and layer.packed is None
+    assert torch.allclose(layer(x.float()), F.linear(x.float(), weight.float()))
+    assert len(plans._plans) == 2 and plans.describe(dtype=torch.float32) != "row plans checked on first use"
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high" if precision == "highest" else "highest")
+        before = math_settings(torch.device("cpu"))
+        layer(x.float())
+        assert len(plans._plans) == 3 and any(key.settings == before for key in plans._plans)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+
+
+@pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN does not run bf16 here")
+def test_a_move_that_changes_nothing_keeps_the_packing_and_a_real_move_unpacks():
+    weight, x = _bf16(48, 32, seed=22), _bf16(7, 32, seed=23)
+    layer = PackedLinear(weight, None, RowPlans())
+    expected = layer(x)
+    layer.to("cpu").to(torch.bfloat16)
+    assert layer.packed is not None and torch.equal(layer(x), expected)
+    layer.to(torch.float32).to(torch.bfloat16)  # there and back: the same weight, now with the stock product
+    assert layer.packed is None and layer.dtype == torch.bfloat16 and torch.equal(layer.weight, weight)
+    assert torch.allclose(layer(x).float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_layer_whose_kernel_is_row_variant_where_it_moved_refuses_its_first_product(monkeypatch):
+    """No plan makes a kernel row-invariant when a row's result depends on where in the call it sits:
+    the first product on that device and dtype raises (nothing inexact is computed)."""
+    monkeypatch.setattr(kernels, "stock_kernel", lambda weight, bias: _row_position_matters(weight))
+    layer = PackedLinear(_bf16(64, 128, seed=24), None, RowPlans(), pack=False)
+    with pytest.raises(RowVarianceError, match=r"\[64, 128\] weight rounds a row differently.*decode in float32"):
+        layer(_bf16(3, 128, seed=25))
+
+
+def test_on_meta_a_layer_computes_shapes_and_checks_nothing():
+    plans = RowPlans()
+    layer = PackedLinear(_bf16(48, 32, seed=26), _bf16(48, seed=27), plans, pack=False).to("meta")
+    assert layer.device.type == "meta"
+    out = layer(torch.empty(2, 9, 32, dtype=torch.bfloat16, device="meta"))
+    assert out.shape == (2, 9, 48) and out.device.type == "meta" and not plans._plans
+
+
+def test_the_kernels_make_their_tensors_on_the_inputs_device():
+    """With torch's default device set to meta, a tensor made without a device has no data: the
+    check's rows, the padding and the causal mask of attention without a mask are all made where
+    the inputs are, so nothing changes."""
+    layer = PackedLinear(_bf16(48, 32, seed=28), _bf16(48, seed=29), RowPlans(), pack=False)
+    x = _bf16(11, 32, seed=30)
+    q, k, v = _qkv(queries=6, keys=20, seed=31)
+    reference = PackedLinear(layer.weight, layer.bias, RowPlans(), pack=False)(x), _attend(q, k, v)
+    with torch.device("meta"):
+        out = layer(x), _attend(q, k, v)
+    assert all(o.device.type == "cpu" for o in out)
+    assert torch.equal(out[0], reference[0]) and torch.equal(out[1], reference[1])
 
 
 # ------------------------------------------------------------------------------- attention
@@ -287,12 +420,18 @@ def test_attention_refuses_sinks():
         exact_attention(Module(), q, k, v, None, s_aux=torch.zeros(6))
 
 
+@pytest.mark.cpu_only  # the processor's flags
 def test_processor_description_names_the_matrix_units():
     cpu = kernels.Processor("Some CPU", frozenset({"avx512_bf16", "amx_bf16"}), True)
     assert cpu.matrix_units == "AMX" and cpu.has_bf16_units and "AMX" in cpu.describe()
     assert kernels.Processor("Old CPU", frozenset(), True).matrix_units is None
     assert not kernels.Processor("Old CPU", frozenset(), True).has_bf16_units
     assert not kernels.Processor("x", frozenset({"avx512_bf16"}), False).has_bf16_units
+    # what is packed for oneDNN and what runs at full speed, per dtype (float32 needs no bf16 units)
+    old, no_onednn = kernels.Processor("Old CPU", frozenset(), True), kernels.Processor("x", frozenset({"amx_bf16"}), False, False)
+    assert old.packs(torch.bfloat16) and old.packs(torch.float32) and not old.packs(torch.float16)
+    assert not no_onednn.packs(torch.bfloat16) and not no_onednn.packs(torch.float32)
+    assert old.fast_for(torch.float32) and not old.fast_for(torch.bfloat16) and cpu.fast_for(torch.bfloat16)
 
 
 def test_attention_prefill_chunks_skip_keys_no_query_sees(monkeypatch):
