@@ -31,6 +31,7 @@ from .kv import new_cache, start_recording
 from .masks import EmbeddingStats, MaskVectors, config_mask_vectors, embedding_stats
 from .optimize import weight_bytes
 from .passes import OutputLayer
+from .precision import exactness_warning
 from .ragged import RaggedCache
 from .request import (
     DecodeRequest,
@@ -54,6 +55,12 @@ RESERVE_AHEAD = 4096
 
 class MemoryFileWarning(UserWarning):
     """A memory file given to ``ProbeDecoder(memory=PATH)`` could not be used: the decoder starts cold."""
+
+
+class InexactPrecisionWarning(UserWarning):
+    """The model computes in a precision where probe-mtp's output can differ from ``model.generate``
+    at near-ties (fp16 / bf16 with stock kernels, float32 with TF32 on CUDA); said once per decoder,
+    with how to stay exact (:func:`probe_mtp.precision.exactness_warning`)."""
 
 
 class ProbeDecoder:
@@ -88,6 +95,7 @@ class ProbeDecoder:
         self._weight_bytes: int | None = None
         self._tuned = TunedMaskStore(model)
         self._auto_tuned: dict[int, TunedMasks | None] = {}
+        self._precision_checked = False
         new_cache(model)  # fail early, with a clear message, on models whose cache can't roll back
 
     def __getstate__(self) -> dict:
@@ -98,6 +106,7 @@ class ProbeDecoder:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_precision_checked", False)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ drafting memory
@@ -182,7 +191,7 @@ class ProbeDecoder:
             generation, strategy = self.start(request)
             out = run(generation, strategy)
             if self.memory is not None:
-                self.memory.remember(generation.context.cpu().numpy())
+                self.memory.remember(generation.host_context)
             return out
 
     @torch.no_grad()
@@ -209,7 +218,7 @@ class ProbeDecoder:
             out = run_batch(batch, None if pad is None else int(pad.reshape(-1)[0]))
             if self.memory is not None:
                 for g in rows:
-                    self.memory.remember(g.context.cpu().numpy())
+                    self.memory.remember(g.host_context)
             return out
 
     def start(self, request: DecodeRequest, memory: DraftingMemory | None = None,
@@ -218,6 +227,7 @@ class ProbeDecoder:
         strategy, or ConfAdapt's when asked for).  ``memory``: the drafting memory to use (default:
         the decoder's, or an empty one when it keeps none); ``with_cache``: give the generation its
         own KV cache (a batch's rows share one)."""
+        self._warn_if_inexact()
         config = request.config
         drafter = request.drafter if request.drafter is not None else make_drafter(config)
         if memory is None:
@@ -247,6 +257,15 @@ class ProbeDecoder:
                             masks=masks_label(config, tuned) if k else "", memory="cold" if self.memory is None else "warm")
         generation = Generation(parts, request, drafter, policy, accept, masks, cache, stats)
         return generation, (ConfAdapt(config.threshold).strategy() if lossy else LOSSLESS)
+
+    def _warn_if_inexact(self) -> None:
+        """Once per decoder: warn when outputs can differ from ``model.generate`` at near-ties."""
+        if self._precision_checked:
+            return
+        self._precision_checked = True
+        message = exactness_warning(self.model)
+        if message is not None:
+            warnings.warn(f"probe-mtp: {message}", InexactPrecisionWarning, stacklevel=2)
 
     def _nothing_to_generate(self, input_ids, kwargs):
         """``max_new_tokens=0``: the input, as a tensor or as a result object (no forward pass)."""
