@@ -192,11 +192,8 @@ def batch_mask_tops(rows: list[Generation], mask_logits: list[torch.Tensor | Non
     if not width or not present:
         return out
     tops = RowTops.of(torch.cat([mask_logits[i] for i in present]), width)
-    at = 0
-    for i in present:
-        n = mask_logits[i].shape[0]
-        out[i] = RowTops(tops.tokens[at : at + n], tops.probs[at : at + n])
-        at += n
+    for i, block in zip(present, tops.split([mask_logits[i].shape[0] for i in present])):
+        out[i] = block
     return out
 
 
@@ -335,9 +332,7 @@ def batch_node_tops(rows: list[Generation], logits: KeptLogits) -> list[RowTops 
     width = tops_width(rows[0].drafter)
     if not width:
         return [None] * len(rows)
-    tops = RowTops.of(logits.node_block, width)
-    ends = logits.node_ends
-    return [RowTops(tops.tokens[a:b], tops.probs[a:b]) for a, b in zip(ends[:-1], ends[1:])]
+    return RowTops.of(logits.node_block, width).split(np.diff(logits.node_ends))
 
 
 def lay_out_batch(batch: Batch, rows: list[Generation], plans) -> tuple[list[TreeLayout], PassInputs]:

@@ -101,7 +101,7 @@ class ConfAdapt:
         verdict = gen.accept(plan.tree, node_logits, gen.sequence[0], tops)
         gen.policy.observe(plan.tree, verdict.path)
         keep = np.concatenate([np.arange(m), verdict.path + m])
-        keep_accepted(gen.cache, layout.num_inputs, torch.from_numpy(keep).to(gen.device))
+        keep_accepted(gen.cache, layout.num_inputs, keep)
         mask_logits = logits.masks_of(verdict.last + m) if plan.num_masks else None
         verdict, mask_logits = self.extend(gen, verdict, mask_logits)
         gen.stats.accepted_lengths.append(commit(gen, verdict.tokens, verdict.scores))

@@ -256,7 +256,7 @@ def keep_accepted(cache: DynamicCache, num_new: int, keep_new) -> None:
     Only the pass's own entries move: the kept ones are copied down in place over the first
     ``len(keep_new)`` new slots and the rest is cut off (a view; in a :class:`ReservedLayer` the
     next pass writes over it), so the step costs O(pass) rather than a copy of the whole cache."""
-    keep_new = np.asarray(keep_new.cpu() if isinstance(keep_new, torch.Tensor) else keep_new, dtype=np.int64)
+    keep_new = np.asarray(keep_new, dtype=np.int64)  # a device tensor here would be a hidden wait: refused
     kept = int(keep_new.size)
     is_prefix = kept == 0 or bool((keep_new == np.arange(kept)).all())
     host = torch.from_numpy(keep_new)

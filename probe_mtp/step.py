@@ -127,16 +127,13 @@ class Staged:
     tokens: np.ndarray
     scores: object
     stops: torch.Tensor | np.ndarray | None  # on the host already where the criteria allow it
-    cut: bool  # tokens were dropped for the length limit or the buffer's end
 
 
 def stage(gen: Generation, tokens, scores) -> Staged:
     """Write ``tokens`` after the committed ones and run the stopping criteria after each (on the
     device, nothing read back yet); ``scores[i]`` is token i's ``[1, V]`` score row."""
     req = gen.request
-    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    room = min(gen.buffer.shape[1], req.max_length) - gen.length
-    fits = tokens[: max(room, 0)]
+    fits = np.asarray(tokens, dtype=np.int64).reshape(-1)[: max(req.max_length - gen.length, 0)]
     gen.write(fits)
     stops = None
     if req.host_criteria is not None:
@@ -148,7 +145,7 @@ def stage(gen: Generation, tokens, scores) -> Staged:
             stop = req.criteria(gen.buffer[:, : gen.length + i + 1], row)
             flags.append(torch.as_tensor(stop, device=gen.device).any().reshape(1))
         stops = torch.cat(flags)
-    return Staged(fits, scores, stops, fits.size < tokens.size)
+    return Staged(fits, scores, stops)
 
 
 def settle(gen: Generation, staged: Staged, stops: np.ndarray | None) -> int:
@@ -163,7 +160,7 @@ def settle(gen: Generation, staged: Staged, stops: np.ndarray | None) -> int:
     if req.output_scores and staged.scores is not None:
         gen.scores.extend(staged.scores[i].clone() for i in range(count))
     gen.length += count
-    if stopped or staged.cut or gen.length >= req.max_length:
+    if stopped or gen.length >= req.max_length:  # the buffer holds max_length tokens at least
         gen.done = True
     if count and req.streamer is not None:
         req.streamer.put(torch.from_numpy(gen.tokens[gen.length - count : gen.length].copy()))

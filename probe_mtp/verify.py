@@ -112,7 +112,8 @@ def accept_greedy(tree: TokenTree, targets: np.ndarray) -> np.ndarray:
 def accept_greedy_lazily(tree: TokenTree, target_of) -> tuple[np.ndarray, int]:
     """:func:`accept_greedy` asking ``target_of(node)`` for the model's token only at the nodes
     it reaches: the accepted path, about tau rows instead of the whole tree.  Returns the path
-    (root first) and the bonus token."""
+    (root first) and the bonus token.  Any rule that picks one token per reached node walks this
+    way (sample-and-match draws it)."""
     path = [0]
     while True:
         target = int(target_of(path[-1]))
@@ -131,13 +132,7 @@ def accept_sample_and_match(tree: TokenTree, node_probs: torch.Tensor, generator
     """Lossless sampling by sample-and-match.  ``node_probs``: ``[n, V]`` processed target
     probabilities.  Returns ``(accepted path, bonus token)``.  One draw per node the walk reaches,
     made when it gets there (a host read per draw: the CPU's way)."""
-    path = [0]
-    while True:
-        x = int(torch.multinomial(node_probs[path[-1]], 1, generator=generator))
-        child = _child_by_token(tree, path[-1]).get(x)
-        if child is None:
-            return np.array(path, dtype=np.int64), x
-        path.append(child)
+    return accept_greedy_lazily(tree, lambda node: torch.multinomial(node_probs[node], 1, generator=generator))
 
 
 def default_generator(device: torch.device) -> torch.Generator | None:
@@ -172,14 +167,9 @@ def accept_sample_and_match_at_once(tree: TokenTree, node_probs: torch.Tensor, g
             draws[node : node + 1] = torch.multinomial(node_probs[node], 1, generator=gen)
     states.append(gen.get_state())
     drawn = draws.cpu().numpy()
-    path = [0]
-    while True:
-        x = int(drawn[path[-1]])
-        child = _child_by_token(tree, path[-1]).get(x)
-        if child is None:
-            gen.set_state(states[len(path)])
-            return np.array(path, dtype=np.int64), x
-        path.append(child)
+    path, bonus = accept_greedy_lazily(tree, drawn.__getitem__)
+    gen.set_state(states[len(path)])  # as many draws made as the walk's nodes
+    return path, bonus
 
 
 def accept_recursive_rejection(

@@ -108,6 +108,11 @@ class RowTops:
     def width(self) -> int:
         return self.tokens.shape[1]
 
+    def split(self, counts) -> list[RowTops]:
+        """The tops of consecutive blocks of ``counts[i]`` rows each (views)."""
+        ends = np.cumsum([0, *counts])
+        return [RowTops(self.tokens[a:b], self.probs[a:b]) for a, b in zip(ends[:-1], ends[1:])]
+
     def argmax(self, row: int) -> int | None:
         """``argmax`` of row ``row`` when its most probable token is the only one with the largest
         logit, else None (a tie, NaN, or fewer than two tokens kept: ask the logits).  The
