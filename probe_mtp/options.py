@@ -33,9 +33,9 @@ def parse_dtype(name: str) -> torch.dtype | str:
 
 
 DTYPE_HELP = (
-    "auto: bf16 prepared by probe_mtp.optimize (packed weights, row-invariant attention: exact) where the processor "
-    "has bf16 matrix units (AMX or AVX512-BF16), float32 elsewhere; float32 (exact); bfloat16 or float16 (stock "
-    "kernels: outputs may differ from model.generate at near-ties)"
+    "auto: the fastest exact configuration on this machine (bf16 or float32 prepared by probe_mtp.optimize, or "
+    "stock float32), measured at a model's first load and kept in the cache; float32 (exact); bfloat16 or float16 "
+    "(stock kernels: outputs may differ from model.generate at near-ties)"
 )
 
 

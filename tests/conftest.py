@@ -59,12 +59,12 @@ def gemma3(test_device):
     return probe_mtp.load_model("gemma3-270m", device=test_device)
 
 
-def prepared_copy(loaded):
-    """``(a copy of the model prepared by probe_mtp.optimize, tokenizer)``; the test skips with
-    optimize's own reason where it refuses (a model off the CPU)."""
+def prepared_copy(loaded, dtype: torch.dtype = torch.bfloat16):
+    """``(a copy of the model prepared by probe_mtp.optimize for dtype, tokenizer)``; the test skips
+    with optimize's own reason where it refuses (a model off the CPU)."""
     model, tokenizer = loaded
     try:
-        return probe_mtp.optimize(copy.deepcopy(model), require_matrix_units=False), tokenizer
+        return probe_mtp.optimize(copy.deepcopy(model), dtype, require_matrix_units=False), tokenizer
     except OptimizeError as exc:
         pytest.skip(f"{TEST_DEVICE_ENV}={device_under_test()}: probe_mtp.optimize refused: {exc}")
 
@@ -81,6 +81,19 @@ def smollm2_bf16(smollm2):
 def gemma3_bf16(gemma3):
     """The session's Gemma 3 270M prepared by ``probe_mtp.optimize`` (a copy); skipped off the CPU."""
     return prepared_copy(gemma3)
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32_prepared(smollm2):
+    """The session's SmolLM2 prepared by ``probe_mtp.optimize(model, torch.float32)`` (float32
+    weights packed once for oneDNN, exact attention), a copy; skipped where optimize refuses."""
+    return prepared_copy(smollm2, torch.float32)
+
+
+@pytest.fixture(scope="session")
+def gemma3_fp32_prepared(gemma3):
+    """The session's Gemma 3 270M prepared for float32 (a copy); skipped where optimize refuses."""
+    return prepared_copy(gemma3, torch.float32)
 
 
 @pytest.fixture(scope="session")

@@ -94,28 +94,46 @@ def test_an_unwritable_cache_costs_a_warning_not_the_load(gguf, tmp_path, monkey
     assert model.config.vocab_size == 32
 
 
-@pytest.mark.parametrize("units", [True, False], ids=["bf16-units", "no-units"])
-def test_dtype_auto_prepares_where_the_processor_has_bf16_units_and_says_which(gguf, monkeypatch, caplog, units):
-    import importlib
+def test_dtype_auto_measures_once_per_model_and_says_which_in_one_line(gguf, caplog):
+    """load_model(dtype="auto") through the converted copy: the first load measures and keeps its
+    choice in $PROBE_MTP_CACHE_DIR, the second reads it and loads only the chosen configuration; each
+    says which in one log line, and describe() says it too (which one wins on a tiny model is the
+    machine's business: the choice itself is tested in test_choice.py)."""
     import logging
 
-    from probe_mtp.kernels import Processor, processor
+    from probe_mtp.choice import CONFIGURATIONS
+    from probe_mtp.optimize import describe, is_optimized
 
-    optimize_module = importlib.import_module("probe_mtp.optimize")
-    onednn = processor().onednn_bf16
-    fake = Processor("Test CPU", frozenset({"avx512_bf16"} if units else set()), onednn)
-    monkeypatch.setattr(optimize_module, "processor", lambda: fake)
-    path, _ = gguf
-    with caplog.at_level(logging.INFO, logger="probe_mtp"):
-        model, _ = loading.load_model(str(path), dtype="auto")
-    if units and onednn:
-        assert optimize_module.is_optimized(model) and model.dtype == torch.bfloat16
-        assert "bfloat16" in caplog.text and "AVX512-BF16" in caplog.text
-    else:
-        assert not optimize_module.is_optimized(model) and model.dtype == torch.float32
-        assert "float32" in caplog.text and "Test CPU" in caplog.text
+    path, reads = gguf
+    lines = []
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="probe_mtp"):
+            model, _ = loading.load_model(str(path), dtype="auto")
+        found = [r.getMessage() for r in caplog.records if r.name == "probe_mtp"]
+        assert len(found) == 1 and found[0].startswith("dtype auto: ")
+        lines.append(found[0])
+        name = found[0].split(" (", 1)[0].removeprefix("dtype auto: ")
+        assert (model.dtype, is_optimized(model)) == CONFIGURATIONS[name]
+        assert f"; chosen by dtype auto: {name} (" in describe(model)
+    assert "curves measured now in" in lines[0] and "curves measured at the first load" in lines[1]
+    assert reads == [torch.float32]  # the GGUF file read once; the copy and the choice kept
+    assert len(list(loading.cache_dir().glob("dtype-choice-*.json"))) == 1
     with pytest.raises(TypeError, match="auto"):
         loading.load_model(str(path), dtype="fastest")
+
+
+def test_the_model_identity_changes_with_its_file(gguf, tmp_path):
+    path, _ = gguf
+    before = loading.model_identity(str(path))
+    assert before["source"] == str(path.parent.resolve()) and before["files"][0][0] == "tiny.gguf"
+    path.write_bytes(b"GGUF stand-in, another version")
+    assert loading.model_identity(str(path)) != before
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert loading.model_identity(str(folder))["files"][0][:2] == ["config.json", 2]
+    assert loading.model_identity("org/some-model") == {"source": "org/some-model"}
 
 
 def test_a_copy_marked_as_gguf_quantized_loads_as_the_dense_model_it_is(gguf, tmp_path):
@@ -180,13 +198,3 @@ def test_a_bf16_load_on_the_cpu_holds_the_float32_weights_rounded(gguf, tmp_path
             weights = half.state_dict()
             assert half.device == torch.device("cpu") and {w.dtype for w in weights.values()} == {torch.bfloat16}
             assert all(torch.equal(weights[k], ref[k].to(torch.bfloat16)) for k in ref)
-
-
-def test_dtype_auto_off_the_cpu_means_float32(caplog):
-    import logging
-
-    from probe_mtp.optimize import auto_dtype
-
-    with caplog.at_level(logging.INFO, logger="probe_mtp"):
-        assert auto_dtype(torch.device("cuda")) == torch.float32
-    assert "float32 on cuda" in caplog.text

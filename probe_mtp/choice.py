@@ -1,0 +1,324 @@
+"""``dtype="auto"``: the fastest exact configuration of a model on this machine, chosen from measured
+cost curves and kept on disk.
+
+The candidates are the configurations in which probe-mtp is token-identical to ``model.generate``
+on the same model: bf16 prepared by :func:`probe_mtp.optimize` (measured only where oneDNN runs bf16
+at all), float32 prepared by ``probe_mtp.optimize(model, torch.float32)``, and float32 with the stock
+kernels.  Each is scored by the seconds per token the default decoder can expect with it: the least,
+over pass widths N, of c(N) / tau(N), with c its measured cost curve and tau the fixed
+:data:`REFERENCE_TAU`; N = 1 (tau 1) is plain decoding, so a configuration is never scored worse than
+its one-token pass.  The lowest score wins.
+
+The processor decides: on a 2-core Intel Xeon with AMX a prepared bf16 pass over 16 inputs cost 1.4
+one-token float32 passes (a float32 one 2.0), so prepared bf16 won there for both embedded models
+(docs/exact-bf16.md); where oneDNN runs no bf16 (an AVX2 processor) only the two float32
+configurations are measured.  The choice, its one-line reason and the curves are kept in
+the cost-curve cache folder (:func:`probe_mtp.cost.cache_dir`, ``$PROBE_MTP_CACHE_DIR`` where set),
+keyed by the model's files, the processor, torch's version and thread count: later loads read it and
+load only the chosen configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .cost import CURVE_CONTEXT, CostCurve, accelerator_name, cache_dir, measure_cost_curve
+from .heap import heap_trimmer
+from .kernels import Processor, processor
+from .optimize import AUTO_ATTRIBUTE, optimize_if_supported
+
+log = logging.getLogger("probe_mtp")
+
+PREPARED_BF16 = "prepared bfloat16"
+PREPARED_FP32 = "prepared float32"
+STOCK_FP32 = "stock float32"
+# name: (dtype the model computes in, prepared by optimize)
+CONFIGURATIONS = {PREPARED_BF16: (torch.bfloat16, True), PREPARED_FP32: (torch.float32, True),
+                  STOCK_FP32: (torch.float32, False)}
+# tokens per pass the default decoder is credited with at each pass width.  Deliberately below what it
+# measured on SmolLM2 over the Spec-Bench stream (docs/benchmarks.md: tau 1.90 at budget auto in
+# float32, whose passes were mostly 8-16 inputs; 2.18 prepared in bf16, wider passes; 2.34 at a fixed
+# 10 inputs and 3.05 at 30), so that a flat curve wins only by widths that pay on ordinary prompts
+# (Gemma 3's tau is about twice these, which favours flat curves further)
+REFERENCE_TAU = {1: 1.0, 4: 1.6, 8: 1.9, 16: 2.1, 32: 2.3}
+CHOICE_SIZES = tuple(REFERENCE_TAU)
+CHOICE_CONTEXT = CURVE_CONTEXT  # a short cache: 128 tokens
+CHOICE_ROUNDS = 3
+CHOICE_FORMAT = "probe-mtp-dtype-choice/1"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration as ``dtype="auto"`` found it: its name (a key of :data:`CONFIGURATIONS`)
+    and its measured cost curve, or, where it was not measured, why (``optimize`` refused the model,
+    or oneDNN runs no bf16 here)."""
+
+    name: str
+    curve: CostCurve | None = None
+    refused: str | None = None
+
+    def score(self) -> tuple[float, int] | None:
+        """``(expected seconds per token, the pass width that gives it)``, None when not measured."""
+        return None if self.curve is None else seconds_per_token(self.curve)
+
+    def summary(self) -> str:
+        """``"prepared float32 28.4 ms/token (N=8)"``, or ``"prepared bfloat16 not measured (why)"``."""
+        found = self.score()
+        if found is None:
+            return f"{self.name} not measured ({self.refused})"
+        seconds, width = found
+        return f"{self.name} {seconds * 1e3:.1f} ms/token (N={width})"
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "curve": None if self.curve is None else self.curve.as_dict(),
+                "refused": self.refused}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Candidate":
+        curve = data.get("curve")
+        return cls(str(data["name"]), None if curve is None else CostCurve.from_dict(curve), data.get("refused"))
+
+
+def seconds_per_token(curve: CostCurve, tau: dict[int, float] = REFERENCE_TAU) -> tuple[float, int]:
+    """The least c(N) / tau(N) over the widths of ``tau`` and the width reaching it (the narrowest
+    among equals): what the default decoder can expect per token with this curve."""
+    return min((curve.cost(n) / t, n) for n, t in tau.items())
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``dtype="auto"`` chose for a model here: the configuration's ``name``, the ``reason`` (one
+    line: every candidate's score, or why it was not measured), the ``candidates`` as measured, the
+    seconds that preparing and measuring them took at the first load (the float32 load excluded),
+    where it is kept (``path``; None where it was not written) and whether this load read it from
+    there (``cached``)."""
+
+    name: str
+    reason: str
+    candidates: tuple[Candidate, ...] = ()
+    measure_seconds: float = 0.0
+    path: str | None = None
+    cached: bool = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return CONFIGURATIONS[self.name][0]
+
+    @property
+    def prepared(self) -> bool:
+        return CONFIGURATIONS[self.name][1]
+
+    def line(self) -> str:
+        """The one log line: which, why, how long measuring took and where the choice is kept."""
+        if not self.candidates:
+            return f"dtype auto: {self.name} ({self.reason})"
+        where = "" if self.path is None else (f"; read from {self.path}" if self.cached else f"; kept in {self.path}")
+        when = "at the first load" if self.cached else "now"
+        return (f"dtype auto: {self.name} ({self.reason}; curves measured {when} in {self.measure_seconds:.1f} s"
+                f"{where})")
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "reason": self.reason, "candidates": [c.as_dict() for c in self.candidates],
+                "measure_seconds": self.measure_seconds}
+
+    @classmethod
+    def from_dict(cls, data: dict, path: str | None = None) -> "AutoChoice":
+        name = str(data["name"])
+        if name not in CONFIGURATIONS:
+            raise ValueError(f"unknown configuration {name!r}")
+        return cls(name, str(data["reason"]), tuple(Candidate.from_dict(c) for c in data.get("candidates", ())),
+                   float(data.get("measure_seconds", 0.0)), path, cached=True)
+
+
+def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> AutoChoice:
+    """The candidate with the lowest expected seconds per token (stock float32, measured or not,
+    where none was measured) and the reason, one line naming every candidate's score and ``where``
+    (the processor and thread count)."""
+    scored = [(c.score(), i, c) for i, c in enumerate(candidates) if c.curve is not None]
+    if not scored:
+        name = STOCK_FP32
+        reason = "; ".join(c.summary() for c in candidates) or "nothing measured"
+        return AutoChoice(name, f"{reason}; {where}", tuple(candidates))
+    (seconds, width), _, best = min(scored, key=lambda item: (item[0][0], item[1]))
+    others = [c.summary() for c in candidates if c is not best]
+    reason = (f"expected {seconds * 1e3:.1f} ms/token at N={width} (c({width}) {best.curve.cost(width) * 1e3:.1f} ms "
+              f"/ tau {REFERENCE_TAU[width]}), against " + ", ".join(others) + f"; {where}")
+    return AutoChoice(best.name, reason, tuple(candidates))
+
+
+# ---------------------------------------------------------------------------- the disk cache
+def choice_key(identity: dict, attn_implementation: str, device: torch.device, cpu: Processor) -> dict:
+    """What a choice depends on: the model's files (``identity``), the attention implementation,
+    the device (and accelerator), the processor ``cpu`` and whether oneDNN runs bf16 on it, torch's
+    thread count and version, the CPU count and the criterion itself (widths, tau, cache length)."""
+    return {"format": CHOICE_FORMAT, "model": identity, "attn": attn_implementation, "device": str(device),
+            "accelerator": accelerator_name(device), "processor": cpu.name, "units": cpu.matrix_units,
+            "onednn_bf16": cpu.onednn_bf16, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "tau": {str(n): t for n, t in REFERENCE_TAU.items()},
+            "context": CHOICE_CONTEXT}
+
+
+def choice_path(key: dict, directory: Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(directory or cache_dir()) / f"dtype-choice-{digest}.json"
+
+
+def read_choice(key: dict, directory: Path | None = None) -> AutoChoice | None:
+    """The choice kept for ``key``, or None (none kept, another key, a damaged file)."""
+    path = choice_path(key, directory)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != CHOICE_FORMAT or data.get("key") != key:
+            return None
+        return AutoChoice.from_dict(data["choice"], str(path))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_choice(key: dict, choice: AutoChoice, directory: Path | None = None) -> AutoChoice:
+    """Keep ``choice`` for ``key`` (atomically: processes writing at once never share a file); the
+    choice with its path, or as it was where the cache cannot be written."""
+    path = choice_path(key, directory)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"format": CHOICE_FORMAT, "key": key, "choice": choice.as_dict()}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        return choice
+    return AutoChoice(choice.name, choice.reason, choice.candidates, choice.measure_seconds, str(path))
+
+
+# ---------------------------------------------------------------------------- measuring and loading
+def measure_choice_curve(model) -> CostCurve:
+    """The short curve a choice compares: :data:`CHOICE_SIZES` inputs after a
+    :data:`CHOICE_CONTEXT`-token cache, fastest of :data:`CHOICE_ROUNDS` rounds (about 1-3 s for a
+    model of 100-300M parameters on 2 cores)."""
+    return measure_cost_curve(model, sizes=CHOICE_SIZES, context=CHOICE_CONTEXT, rounds=CHOICE_ROUNDS,
+                              long_context=None)
+
+
+def bf16_copy(model):
+    """A copy of the float32 ``model`` with every parameter cast to bf16 (round to nearest even, the
+    weights a bf16 load gives), made without a second float32 copy; ties stay tied."""
+    cast = {id(p): torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False) for p in model.parameters()}
+    return copy.deepcopy(model, cast)
+
+
+@dataclass
+class Loader:
+    """How ``dtype="auto"`` gets at a model: ``load(dtype) -> (model, tokenizer)`` loads it afresh,
+    ``identity`` names its files (the cache key), ``device`` and ``attn_implementation`` as asked,
+    ``measure(model) -> CostCurve`` times a configuration (:func:`measure_choice_curve`; tests pass
+    fixed curves), ``directory`` is the cache folder (None: :func:`~probe_mtp.cost.cache_dir`) and
+    ``cpu`` the processor whose oneDNN decides whether bf16 is measured at all (this machine's)."""
+
+    load: Callable
+    identity: dict
+    device: torch.device
+    attn_implementation: str = "sdpa"
+    measure: Callable = measure_choice_curve
+    directory: Path | None = None
+    cpu: Processor = field(default_factory=processor)
+    loads: list = field(default_factory=list)  # the dtypes loaded, in order (what a load cost)
+
+    def __call__(self, dtype: torch.dtype):
+        self.loads.append(dtype)
+        return self.load(dtype)
+
+
+def load_fastest(loader: Loader):
+    """``(model, tokenizer)`` in the configuration ``dtype="auto"`` chooses for it here (measured at
+    the first load, then read from the cache), marked with its :class:`AutoChoice` (which
+    :func:`probe_mtp.describe` reports) and said in one log line (logger ``probe_mtp``, info)."""
+    device = torch.device(loader.device)
+    if device.type != "cpu":
+        model, tokenizer = loader(torch.float32)
+        choice = AutoChoice(STOCK_FP32, f"on {device}: exact bf16 there is for probe_mtp.optimize(model) on a model "
+                                        "loaded in bf16, not yet measured by dtype auto")
+        return _finish(model, tokenizer, choice)
+    key = choice_key(loader.identity, loader.attn_implementation, device, loader.cpu)
+    kept = read_choice(key, loader.directory)
+    if kept is not None:
+        return _finish(*_load_chosen(loader, kept))
+    model, tokenizer, choice = _measure_and_choose(loader)
+    return _finish(model, tokenizer, write_choice(key, choice, loader.directory))
+
+
+def _finish(model, tokenizer, choice: AutoChoice):
+    model.__dict__[AUTO_ATTRIBUTE] = choice
+    log.info("%s", choice.line())
+    return model, tokenizer
+
+
+def _load_chosen(loader: Loader, choice: AutoChoice):
+    """The kept configuration, loaded in its dtype and prepared where it is a prepared one; stock
+    float32 where ``optimize`` now refuses it (saying so in the choice's reason)."""
+    model, tokenizer = loader(choice.dtype)
+    if not choice.prepared:
+        return model, tokenizer, choice
+    refused = optimize_if_supported(model, choice.dtype)
+    if refused is None:
+        return model, tokenizer, choice
+    if choice.dtype != torch.float32:
+        del model
+        model, tokenizer = loader(torch.float32)
+    return model, tokenizer, AutoChoice(STOCK_FP32, f"the kept choice, {choice.name}, was refused now: {refused}")
+
+
+def _measure_and_choose(loader: Loader):
+    """Measure each candidate holding as little as it can: the float32 model as loaded (stock), a
+    bf16 copy prepared (where oneDNN runs bf16), then the float32 model prepared in place; keep the
+    winner.  Stock float32 winning after the float32 model was prepared costs a second float32 load
+    (a preparation cannot be undone in place)."""
+    model, tokenizer = loader(torch.float32)
+    start = time.perf_counter()  # what choosing costs beyond the float32 load: preparing and measuring
+    candidates = [Candidate(STOCK_FP32, loader.measure(model))]
+    bf16, found = _bf16_candidate(model, loader.measure, loader.cpu)
+    candidates.append(found)
+    refused = optimize_if_supported(model, torch.float32)
+    candidates.append(Candidate(PREPARED_FP32, refused=refused) if refused else
+                      Candidate(PREPARED_FP32, loader.measure(model)))
+    choice = choose(candidates, f"{loader.cpu.describe()}, {torch.get_num_threads()} threads")
+    choice = AutoChoice(choice.name, choice.reason, choice.candidates, time.perf_counter() - start)
+    if choice.name == PREPARED_BF16:
+        model = bf16
+    del bf16
+    if choice.name == STOCK_FP32 and refused is None:
+        del model
+        _return_freed_memory()
+        model, tokenizer = loader(torch.float32)
+    _return_freed_memory()
+    return model, tokenizer, choice
+
+
+def _return_freed_memory() -> None:
+    """Collect the dropped configurations and hand their freed pages back to the system (glibc
+    keeps them otherwise: 550 MB after SmolLM2's first load)."""
+    gc.collect()
+    trim = heap_trimmer(torch.device("cpu"), every=1)
+    if trim is not None:
+        trim()
+
+
+def _bf16_candidate(model, measure: Callable, cpu: Processor):
+    """``(the prepared bf16 copy or None, its Candidate)``: measured where oneDNN runs bf16 on
+    ``cpu`` and ``optimize`` prepares the copy."""
+    if not cpu.onednn_bf16:
+        return None, Candidate(PREPARED_BF16, refused=f"oneDNN runs no bf16 on this processor, {cpu.name}")
+    copied = bf16_copy(model)
+    refused = optimize_if_supported(copied, torch.bfloat16)
+    if refused is not None:
+        return None, Candidate(PREPARED_BF16, refused=refused)
+    return copied, Candidate(PREPARED_BF16, measure(copied))

@@ -1,0 +1,217 @@
+"""``dtype="auto"``'s choice (probe_mtp.choice): the criterion on given cost curves, the one log line
+and what describe() says, the disk cache (a second load measures nothing and loads only the chosen
+configuration), and the refusals (a model optimize refuses, a processor whose oneDNN runs no bf16,
+a device other than the CPU).  Tiny random Llamas and given curves: nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+import probe_mtp
+from probe_mtp import choice as auto
+from probe_mtp.choice import (PREPARED_BF16, PREPARED_FP32, REFERENCE_TAU, STOCK_FP32, AutoChoice, Candidate, Loader,
+                              choose, load_fastest, seconds_per_token)
+from probe_mtp.cost import CostCurve
+from probe_mtp.kernels import Processor, processor
+from probe_mtp.optimize import AUTO_ATTRIBUTE
+
+# every linear layer 64 x 64: optimize checks one weight shape (each shape costs it about a second)
+STD = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, intermediate_size=64,
+           vocab_size=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+WHERE = "Test CPU (AMX), 2 threads"
+
+
+def curve(ms: dict) -> CostCurve:
+    return CostCurve.from_mapping({n: t / 1e3 for n, t in ms.items()}, label="given")
+
+
+# made up, shaped like the Xeon's (design.md section 10): stock float32 steep, prepared bf16 flat
+STEEP = curve({1: 34.0, 4: 52.0, 8: 63.0, 16: 69.0, 32: 84.0})
+PACKED_FP32 = curve({1: 31.0, 4: 45.0, 8: 52.0, 16: 60.0, 32: 78.0})
+FLAT_BF16 = curve({1: 32.0, 4: 38.0, 8: 39.0, 16: 41.0, 32: 49.0})
+
+
+def tiny(config: str = "LlamaConfig", dtype: torch.dtype = torch.float32, **kwargs):
+    torch.manual_seed(0)
+    config = getattr(transformers, config)(**{**STD, **kwargs})
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().to(dtype)
+
+
+class Curves:
+    """A stand-in for measuring: the given curve of each configuration, counted per call."""
+
+    def __init__(self, **by_name: CostCurve):
+        self.by_name = by_name
+        self.measured: list[str] = []
+
+    def __call__(self, model) -> CostCurve:
+        name = configuration(model)
+        self.measured.append(name)
+        return self.by_name[name]
+
+
+def configuration(model) -> str:
+    if not probe_mtp.is_optimized(model):
+        return STOCK_FP32
+    return PREPARED_BF16 if model.dtype == torch.bfloat16 else PREPARED_FP32
+
+
+def loader(tmp_path, curves: Curves, config: str = "LlamaConfig", device: str = "cpu", cpu: Processor | None = None,
+           **kwargs) -> Loader:
+    def load(dtype):
+        return tiny(config, dtype, **kwargs), None
+
+    return Loader(load, {"source": f"tiny {config}"}, torch.device(device), "sdpa", curves, tmp_path,
+                  cpu=cpu or processor())
+
+
+def auto_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "probe_mtp" and r.getMessage().startswith("dtype auto")]
+
+
+# ------------------------------------------------------------------------------- the criterion
+def test_seconds_per_token_is_the_best_width_and_plain_decoding_is_the_floor():
+    assert seconds_per_token(FLAT_BF16) == pytest.approx((41.0 / 2.1 / 1e3, 16))
+    assert seconds_per_token(STEEP) == pytest.approx((52.0 / 1.6 / 1e3, 4))
+    very_steep = curve({1: 30.0, 4: 60.0, 8: 90.0, 16: 150.0, 32: 300.0})
+    assert seconds_per_token(very_steep) == pytest.approx((30.0 / 1e3, 1))  # no tree pays: plain decoding
+    assert list(REFERENCE_TAU) == [1, 4, 8, 16, 32] and REFERENCE_TAU[1] == 1.0
+
+
+def test_the_lowest_expected_time_wins_and_the_reason_names_every_candidate():
+    found = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_BF16, FLAT_BF16),
+                    Candidate(PREPARED_FP32, PACKED_FP32)], WHERE)
+    assert found.name == PREPARED_BF16 and found.dtype == torch.bfloat16 and found.prepared
+    assert found.reason == ("expected 19.5 ms/token at N=16 (c(16) 41.0 ms / tau 2.1), against stock float32 "
+                            "32.5 ms/token (N=4), prepared float32 27.4 ms/token (N=8); Test CPU (AMX), 2 threads")
+    assert "\n" not in found.line()
+    no_bf16 = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_BF16, refused="oneDNN runs no bf16 here"),
+                      Candidate(PREPARED_FP32, PACKED_FP32)], WHERE)
+    assert no_bf16.name == PREPARED_FP32 and no_bf16.dtype == torch.float32 and no_bf16.prepared
+    assert "prepared bfloat16 not measured (oneDNN runs no bf16 here)" in no_bf16.reason
+    slow_prepared = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_FP32, curve({1: 90.0, 32: 400.0}))], WHERE)
+    assert slow_prepared.name == STOCK_FP32 and not slow_prepared.prepared
+    tie = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_FP32, STEEP)], WHERE)
+    assert tie.name == STOCK_FP32  # equal: the stock model, nothing changed
+
+
+def test_a_choice_round_trips_through_its_dictionary():
+    found = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_BF16, refused="no")], WHERE)
+    again = AutoChoice.from_dict(json.loads(json.dumps(found.as_dict())), "somewhere.json")
+    assert (again.name, again.reason, again.candidates, again.cached, again.path) == (
+        found.name, found.reason, found.candidates, True, "somewhere.json")
+
+
+# ------------------------------------------------------------------------------- loading, the cache
+@pytest.mark.cpu_only  # prepares on this processor
+@pytest.mark.parametrize("winner", [PREPARED_BF16, PREPARED_FP32, STOCK_FP32])
+def test_auto_loads_the_winner_says_why_once_and_later_loads_measure_nothing(tmp_path, caplog, winner):
+    given = {STOCK_FP32: STEEP, PREPARED_FP32: PACKED_FP32, PREPARED_BF16: FLAT_BF16}
+    given[winner] = curve({1: 10.0, 32: 12.0})  # whichever is to win is far faster
+    curves = Curves(**given)
+    first = loader(tmp_path, curves, cpu=Processor("Test CPU", frozenset({"amx_bf16"}), True))
+    with caplog.at_level(logging.INFO, logger="probe_mtp"):
+        model, _ = load_fastest(first)
+    assert configuration(model) == winner
+    assert sorted(curves.measured) == sorted([STOCK_FP32, PREPARED_BF16, PREPARED_FP32])
+    # float32 loaded once; stock float32 after the float32 model was prepared in place: loaded again
+    assert first.loads == [torch.float32] * (2 if winner == STOCK_FP32 else 1)
+    lines = auto_lines(caplog)
+    assert len(lines) == 1 and lines[0].startswith(f"dtype auto: {winner} (expected ")
+    assert "curves measured now in" in lines[0] and str(tmp_path) in lines[0]
+    assert not [r for r in caplog.records if r.getMessage().startswith("probe_mtp.optimize")]  # one line only
+    assert f"; chosen by dtype auto: {winner} (expected " in probe_mtp.describe(model)
+    assert len(list(tmp_path.glob("dtype-choice-*.json"))) == 1
+
+    caplog.clear()
+    again = loader(tmp_path, curves, cpu=first.cpu)
+    with caplog.at_level(logging.INFO, logger="probe_mtp"):
+        model, _ = load_fastest(again)
+    assert len(curves.measured) == 3  # nothing measured again
+    assert again.loads == [torch.bfloat16 if winner == PREPARED_BF16 else torch.float32]  # only the winner
+    assert configuration(model) == winner
+    lines = auto_lines(caplog)
+    assert len(lines) == 1 and "curves measured at the first load" in lines[0] and "read from" in lines[0]
+
+
+def test_the_cache_folder_is_probe_mtp_cache_dir_and_a_damaged_file_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path / "cache"))
+    curves = Curves(**{STOCK_FP32: STEEP, PREPARED_FP32: PACKED_FP32, PREPARED_BF16: FLAT_BF16})
+    load_fastest(loader(None, curves))
+    (kept,) = (tmp_path / "cache").glob("dtype-choice-*.json")
+    kept.write_text("{not json")
+    load_fastest(loader(None, curves))
+    assert len(curves.measured) == 2 * len(set(curves.measured))  # measured again, and written again
+    assert json.loads(kept.read_text())["format"] == auto.CHOICE_FORMAT
+
+
+def test_the_key_names_the_model_processor_torch_and_threads():
+    key = auto.choice_key({"source": "m"}, "sdpa", torch.device("cpu"), processor())
+    assert key["model"] == {"source": "m"} and key["processor"] == processor().name
+    assert key["torch"] == torch.__version__ and key["threads"] == torch.get_num_threads()
+    other = Processor("Another CPU", frozenset(), False)
+    assert auto.choice_path(key) != auto.choice_path(auto.choice_key({"source": "m"}, "sdpa", torch.device("cpu"), other))
+
+
+# ------------------------------------------------------------------------------- refusals
+def test_a_model_optimize_refuses_stays_stock_float32_with_the_reason(tmp_path, caplog):
+    curves = Curves(**{STOCK_FP32: STEEP})
+    moe = loader(tmp_path, curves, "Qwen3MoeConfig", head_dim=16, num_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=64)
+    with caplog.at_level(logging.INFO, logger="probe_mtp"):
+        model, _ = load_fastest(moe)
+    assert configuration(model) == STOCK_FP32 and model.dtype == torch.float32
+    assert curves.measured == [STOCK_FP32] and moe.loads == [torch.float32]  # refused: not loaded again
+    (line,) = auto_lines(caplog)
+    assert line.startswith("dtype auto: stock float32 (expected 32.5 ms/token")
+    assert "prepared float32 not measured (Qwen3MoeForCausalLM computes with weights outside linear layers" in line
+    if processor().onednn_bf16:
+        assert "prepared bfloat16 not measured (Qwen3MoeForCausalLM computes with weights outside" in line
+
+
+def test_without_onednn_bf16_only_float32_is_measured(tmp_path):
+    curves = Curves(**{STOCK_FP32: STEEP, PREPARED_FP32: PACKED_FP32})
+    old = loader(tmp_path, curves, cpu=Processor("Old CPU", frozenset(), False))
+    model, _ = load_fastest(old)
+    assert configuration(model) == PREPARED_FP32 and sorted(curves.measured) == [PREPARED_FP32, STOCK_FP32]
+    assert "prepared bfloat16 not measured (oneDNN runs no bf16 on this processor, Old CPU)" in probe_mtp.describe(model)
+
+
+def test_a_kept_choice_refused_at_load_falls_back_to_stock_float32(tmp_path):
+    """A choice kept for a model that optimize refuses now (a file of an older release): stock
+    float32, saying why, never a failure."""
+    curves = Curves()
+    moe = loader(tmp_path, curves, "Qwen3MoeConfig", head_dim=16, num_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=64)
+    key = auto.choice_key(moe.identity, moe.attn_implementation, moe.device, moe.cpu)
+    auto.write_choice(key, AutoChoice(PREPARED_BF16, "kept earlier", (Candidate(PREPARED_BF16, FLAT_BF16),), 1.0),
+                      tmp_path)
+    model, _ = load_fastest(moe)
+    assert configuration(model) == STOCK_FP32 and model.dtype == torch.float32 and curves.measured == []
+    assert moe.loads == [torch.bfloat16, torch.float32]
+    assert "the kept choice, prepared bfloat16, was refused now: Qwen3MoeForCausalLM" in probe_mtp.describe(model)
+
+
+def test_off_the_cpu_auto_is_float32_without_measuring(tmp_path, caplog):
+    curves = Curves()
+    with caplog.at_level(logging.INFO, logger="probe_mtp"):
+        model, _ = load_fastest(loader(tmp_path, curves, device="cuda"))
+    assert configuration(model) == STOCK_FP32 and curves.measured == []
+    (line,) = auto_lines(caplog)
+    assert line.startswith("dtype auto: stock float32 (on cuda: ") and "probe_mtp.optimize(model)" in line
+    assert not list(tmp_path.glob("dtype-choice-*.json"))
+
+
+def test_preparing_a_model_auto_loaded_drops_the_note():
+    """describe() reports what dtype auto chose only while that still describes the model."""
+    model = tiny()
+    model.__dict__[AUTO_ATTRIBUTE] = AutoChoice(STOCK_FP32, "kept earlier")
+    assert probe_mtp.describe(model).endswith("; chosen by dtype auto: stock float32 (kept earlier)")
+    probe_mtp.optimize(model, torch.float32)
+    assert "dtype auto" not in probe_mtp.describe(model)
