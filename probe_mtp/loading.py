@@ -279,11 +279,17 @@ def _from_pretrained(source: str, extra: dict, dtype: torch.dtype, attn_implemen
     return model, tokenizer
 
 
+def _update_converted(folder: Path) -> None:
+    """Bring a copy written by an earlier probe-mtp up to date, once (the caller holds its lock): its
+    config (:func:`_update_converted_config`) and the name of a tied embedding (:func:`_rename_tied`).
+    A copy already up to date is only read."""
+    _update_converted_config(folder)
+    _rename_tied(folder)
+
+
 def _update_converted_config(folder: Path) -> None:
-    """Bring the config of a copy written by an earlier probe-mtp up to date, once (the caller holds
-    its lock): drop the GGUF marker of the file it came from (the weights are dense float32) and
-    name its architecture (other engines, vLLM among them, read ``architectures``).  A copy already
-    up to date is only read."""
+    """Drop the GGUF marker of the file the copy came from (the weights are dense float32) and name
+    its architecture (other engines, vLLM among them, read ``architectures``)."""
     path = folder / "config.json"
     config = json.loads(path.read_text())
     changed = False
@@ -301,6 +307,55 @@ def _update_converted_config(folder: Path) -> None:
         tmp = path.with_name(f"config.json.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         tmp.replace(path)
+
+
+def _save_weights(model, path: Path) -> None:
+    """The model's weights as one safetensors file, each shared tensor once under the name
+    transformers itself saves for it: a tied output layer is stored as the input embedding
+    (``model.embed_tokens.weight``), which is the name other engines (vLLM) read for tied models."""
+    from safetensors.torch import save_file
+
+    state = model.state_dict()
+    embedding = model.get_input_embeddings()
+    preferred = {f"{name}.weight" for name, module in model.named_modules() if module is embedding}
+    groups: dict[tuple, list[str]] = {}
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()))
+        groups.setdefault(key, []).append(name)
+    metadata = {"format": "pt"}
+    kept = {}
+    for names in groups.values():
+        keep = min(names, key=lambda n: (n not in preferred, n))
+        kept[keep] = state[keep].contiguous()
+        metadata.update({n: keep for n in names if n != keep})  # as safetensors' save_model records it
+    save_file(kept, str(path), metadata=metadata)
+
+
+def _rename_tied(folder: Path) -> None:
+    """A copy written before :func:`_save_weights` stored a tied embedding only as ``lm_head.weight``
+    (transformers ties it back; vLLM reads ``model.embed_tokens.weight`` for tied models and found
+    none): store that tensor under the embedding's name, bit for bit."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = folder / "model.safetensors"
+    config = json.loads((folder / "config.json").read_text())
+    if not config.get("tie_word_embeddings", True):
+        return
+    with safe_open(str(path), framework="pt") as fh:
+        names = set(fh.keys())
+        metadata = dict(fh.metadata() or {})
+        embedding = next((n for n, kept in metadata.items() if kept == "lm_head.weight" and n.endswith("embed_tokens.weight")),
+                         None)
+        if embedding is None or embedding in names or "lm_head.weight" not in names:
+            return
+        tensors = {(embedding if n == "lm_head.weight" else n): fh.get_tensor(n) for n in names}
+    metadata = {k: v for k, v in metadata.items() if k != embedding}
+    metadata["lm_head.weight"] = embedding
+    tmp = path.with_name(f"model.safetensors.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)
 
 
 def _gguf_marked(config) -> bool:
@@ -331,7 +386,7 @@ def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation
     with _conversion_lock(folder):  # processes started together convert once; the others read the copy
         if (folder / CONVERTED_DONE).is_file():
             try:
-                _update_converted_config(folder)
+                _update_converted(folder)
                 model, tokenizer = _from_pretrained(str(folder), {}, dtype, attn_implementation, device=device)
             except Exception as exc:  # noqa: BLE001 - a damaged copy: say so, drop it, read the GGUF file
                 warnings.warn(f"the converted copy {folder} could not be read ({exc}); reading {gguf.name} instead",
@@ -360,15 +415,13 @@ def _conversion_lock(folder: Path):
 
 
 def _write_converted(model, tokenizer, folder: Path) -> None:
-    from safetensors.torch import save_model
-
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     try:
         shutil.rmtree(partial, ignore_errors=True)
         # the weights are plain float32 tensors (dequantized at load): write them, the config and
         # the tokenizer directly
         partial.mkdir(parents=True)
-        save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        _save_weights(model, partial / "model.safetensors")
         model.config.architectures = [type(model).__name__]  # other engines (vLLM) read it
         model.config.save_pretrained(partial)
         model.generation_config.save_pretrained(partial)

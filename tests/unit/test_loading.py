@@ -165,6 +165,39 @@ def test_a_copy_marked_as_gguf_quantized_loads_as_the_dense_model_it_is(gguf, tm
     assert config_file.stat().st_mtime_ns == stamp  # an up-to-date copy is only read
 
 
+def test_a_tied_embedding_is_stored_under_its_own_name_and_old_copies_are_renamed_once(gguf):
+    """The copy stores a tied embedding as ``model.embed_tokens.weight`` (what transformers saves for
+    tied models, and the name vLLM reads); a copy written before, which held it only as
+    ``lm_head.weight``, is renamed once under the copy's lock and loads the same model bit for bit."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path, reads = gguf
+    loading.load_model(str(path))
+    weights = loading.converted_dir(path) / "model.safetensors"
+
+    def stored():
+        with safe_open(str(weights), framework="pt") as fh:
+            return set(fh.keys()), fh.metadata(), {n: fh.get_tensor(n) for n in fh.keys()}
+
+    names, meta, tensors = stored()
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    assert meta["lm_head.weight"] == "model.embed_tokens.weight"
+    # as safetensors' save_model wrote it before: the tied tensor under the output layer's name
+    old = {("lm_head.weight" if n == "model.embed_tokens.weight" else n): t for n, t in tensors.items()}
+    save_file(old, str(weights), metadata={"format": "pt", "model.embed_tokens.weight": "lm_head.weight"})
+    model, _ = loading.load_model(str(path))
+    names, meta, renamed = stored()
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    assert all(torch.equal(renamed[n], tensors[n]) for n in tensors) and renamed.keys() == tensors.keys()
+    ref = _tiny()[0].state_dict()
+    assert all(torch.equal(model.state_dict()[k], ref[k]) for k in ref)
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    stamp = weights.stat().st_mtime_ns
+    loading.load_model(str(path))
+    assert weights.stat().st_mtime_ns == stamp and reads == [torch.float32]  # renamed once, never reconverted
+
+
 # --------------------------------------------------------------------------- devices
 
 
