@@ -2,8 +2,8 @@
 cost curves and kept on disk.
 
 The candidates are the configurations in which probe-mtp is token-identical to ``model.generate``
-on the same model: bf16 prepared by :func:`probe_mtp.optimize` (measured only where oneDNN runs bf16
-at all), float32 prepared by ``probe_mtp.optimize(model, torch.float32)``, and float32 with the stock
+on the same model: bf16 prepared by :func:`probe_mtp.optimize` (oneDNN's packed products where it
+runs bf16, the stock products under checked row plans elsewhere), float32 prepared by ``probe_mtp.optimize(model, torch.float32)``, and float32 with the stock
 kernels.  Each is scored by the seconds per token the default decoder can expect with it: the least,
 over pass widths N, of c(N) / tau(N), with c its measured cost curve and tau the fixed
 :data:`REFERENCE_TAU`; N = 1 (tau 1) is plain decoding, so a configuration is never scored worse than
@@ -11,8 +11,9 @@ its one-token pass.  The lowest score wins.
 
 The processor decides: on a 2-core Intel Xeon with AMX a prepared bf16 pass over 16 inputs cost 1.4
 one-token float32 passes (a float32 one 2.0), so prepared bf16 won there for both embedded models
-(docs/exact-bf16.md); where oneDNN runs no bf16 (an AVX2 processor) only the two float32
-configurations are measured.  The choice, its one-line reason and the curves are kept in
+(docs/exact-bf16.md).  Without bf16 units, bf16 halves a pass bound by reading the weights but
+computes wide passes slowly: it can still win there with narrow trees (a model whose output layer
+dominates, Gemma 3's), so it is measured there too.  The choice, its one-line reason and the curves are kept in
 the cost-curve cache folder (:func:`probe_mtp.cost.cache_dir`, ``$PROBE_MTP_CACHE_DIR`` where set),
 keyed by the model's files, the processor, torch's version and thread count: later loads read it and
 load only the chosen configuration.
@@ -51,18 +52,18 @@ CONFIGURATIONS = {PREPARED_BF16: (torch.bfloat16, True), PREPARED_FP32: (torch.f
 # float32, whose passes were mostly 8-16 inputs; 2.18 prepared in bf16, wider passes; 2.34 at a fixed
 # 10 inputs and 3.05 at 30), so that a flat curve wins only by widths that pay on ordinary prompts
 # (Gemma 3's tau is about twice these, which favours flat curves further)
-REFERENCE_TAU = {1: 1.0, 4: 1.6, 8: 1.9, 16: 2.1, 32: 2.3}
+REFERENCE_TAU = {1: 1.0, 2: 1.4, 4: 1.6, 8: 1.9, 16: 2.1, 32: 2.3}
 CHOICE_SIZES = tuple(REFERENCE_TAU)
 CHOICE_CONTEXT = CURVE_CONTEXT  # a short cache: 128 tokens
 CHOICE_ROUNDS = 3
-CHOICE_FORMAT = "probe-mtp-dtype-choice/1"
+CHOICE_FORMAT = "probe-mtp-dtype-choice/2"  # 2: bf16 measured without bf16 units too, N=2 scored
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One configuration as ``dtype="auto"`` found it: its name (a key of :data:`CONFIGURATIONS`)
-    and its measured cost curve, or, where it was not measured, why (``optimize`` refused the model,
-    or oneDNN runs no bf16 here)."""
+    and its measured cost curve, or, where it was not measured, why (the reason ``optimize`` gave
+    for refusing the model)."""
 
     name: str
     curve: CostCurve | None = None
@@ -279,13 +280,13 @@ def _load_chosen(loader: Loader, choice: AutoChoice):
 
 def _measure_and_choose(loader: Loader):
     """Measure each candidate holding as little as it can: the float32 model as loaded (stock), a
-    bf16 copy prepared (where oneDNN runs bf16), then the float32 model prepared in place; keep the
+    bf16 copy prepared, then the float32 model prepared in place; keep the
     winner.  Stock float32 winning after the float32 model was prepared costs a second float32 load
     (a preparation cannot be undone in place)."""
     model, tokenizer = loader(torch.float32)
     start = time.perf_counter()  # what choosing costs beyond the float32 load: preparing and measuring
     candidates = [Candidate(STOCK_FP32, loader.measure(model))]
-    bf16, found = _bf16_candidate(model, loader.measure, loader.cpu)
+    bf16, found = _bf16_candidate(model, loader.measure)
     candidates.append(found)
     refused = optimize_if_supported(model, torch.float32)
     candidates.append(Candidate(PREPARED_FP32, refused=refused) if refused else
@@ -312,11 +313,10 @@ def _return_freed_memory() -> None:
         trim()
 
 
-def _bf16_candidate(model, measure: Callable, cpu: Processor):
-    """``(the prepared bf16 copy or None, its Candidate)``: measured where oneDNN runs bf16 on
-    ``cpu`` and ``optimize`` prepares the copy."""
-    if not cpu.onednn_bf16:
-        return None, Candidate(PREPARED_BF16, refused=f"oneDNN runs no bf16 on this processor, {cpu.name}")
+def _bf16_candidate(model, measure: Callable):
+    """``(the prepared bf16 copy or None, its Candidate)``: measured wherever ``optimize`` prepares
+    the copy (on a processor without bf16 units, with the stock products: slow when wide, which its
+    curve shows)."""
     copied = bf16_copy(model)
     refused = optimize_if_supported(copied, torch.bfloat16)
     if refused is not None:

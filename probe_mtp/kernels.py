@@ -106,8 +106,9 @@ class Processor:
         return dtype == torch.float32 or (dtype == torch.bfloat16 and self.has_bf16_units)
 
     def describe(self) -> str:
-        units = self.matrix_units or "no bf16 matrix units"
-        return f"{self.name} ({units})"
+        if self.matrix_units and not self.onednn_bf16:  # e.g. oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA)
+            return f"{self.name} ({self.matrix_units}, unused: oneDNN runs no bf16 here)"
+        return f"{self.name} ({self.matrix_units or 'no bf16 matrix units'})"
 
 
 def processor_name() -> str:

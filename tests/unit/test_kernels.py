@@ -427,6 +427,9 @@ def test_processor_description_names_the_matrix_units():
     assert kernels.Processor("Old CPU", frozenset(), True).matrix_units is None
     assert not kernels.Processor("Old CPU", frozenset(), True).has_bf16_units
     assert not kernels.Processor("x", frozenset({"avx512_bf16"}), False).has_bf16_units
+    assert kernels.Processor("x", frozenset({"avx512_bf16"}), False).describe() == (
+        "x (AVX512-BF16, unused: oneDNN runs no bf16 here)")  # oneDNN held back, e.g. ONEDNN_MAX_CPU_ISA=AVX2
+    assert kernels.Processor("Old CPU", frozenset(), True).describe() == "Old CPU (no bf16 matrix units)"
     # what is packed for oneDNN and what runs at full speed, per dtype (float32 needs no bf16 units)
     old, no_onednn = kernels.Processor("Old CPU", frozenset(), True), kernels.Processor("x", frozenset({"amx_bf16"}), False, False)
     assert old.packs(torch.bfloat16) and old.packs(torch.float32) and not old.packs(torch.float16)
