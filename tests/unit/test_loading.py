@@ -198,6 +198,21 @@ def test_a_tied_embedding_is_stored_under_its_own_name_and_old_copies_are_rename
     assert weights.stat().st_mtime_ns == stamp and reads == [torch.float32]  # renamed once, never reconverted
 
 
+def test_converted_copy_gives_the_folder_other_engines_read(gguf, tmp_path):
+    """converted_copy (what probe_mtp.vllm serves): written at the first use, then only returned."""
+    path, reads = gguf
+    folder = loading.converted_copy(str(path))
+    assert folder == loading.converted_dir(path) and (folder / loading.CONVERTED_DONE).is_file()
+    assert loading.converted_copy(str(path)) == folder and reads == [torch.float32]
+    model, _ = loading.load_model(str(folder))  # a plain Hugging Face folder
+    ref = _tiny()[0].state_dict()
+    assert all(torch.equal(model.state_dict()[k], ref[k]) for k in ref)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(ValueError, match="not a GGUF model"):
+        loading.converted_copy(str(plain))
+
+
 # --------------------------------------------------------------------------- devices
 
 
