@@ -25,6 +25,11 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads() // WORKERS)))
 
 TEST_DEVICE_ENV = "PROBE_MTP_TEST_DEVICE"
 
+# tests/vllm run in .venv-vllm, vLLM's own virtualenv (make test-vllm sets PROBE_MTP_VLLM_TESTS=1);
+# the main suite (make test, .venv without vLLM) leaves the folder out
+VLLM_TESTS_ENV = "PROBE_MTP_VLLM_TESTS"
+collect_ignore = [] if os.environ.get(VLLM_TESTS_ENV) == "1" else ["vllm"]
+
 
 def device_under_test() -> str:
     """``$PROBE_MTP_TEST_DEVICE`` as given, ``cpu`` when unset or empty."""
