@@ -40,6 +40,10 @@ SLOW_TOLERANCE = 0.05
 # 4: the output layer timed alone by rows, passes timed with it padded (3: a second row at a long
 # context; 2: one row, fastest of 3 rounds; 1: median of 2)
 FORMAT_VERSION = "probe-mtp-cost-curve/4"
+# a kept curve is checked at these widths when read; one slower there than this many times a pass
+# timed now was measured on a busier machine (noise only adds time) and is measured again
+CHECK_SIZES = (1, 8)
+STALE_RATIO = 1.5
 
 
 def _interpolate(sizes: tuple[int, ...], secs: tuple[float, ...], n: int) -> float:
@@ -433,20 +437,32 @@ def curve_path(model, directory: Path | None = None, split_head: bool = False) -
     return (directory or cache_dir()) / f"cost-curve-{digest}.json"
 
 
+def measured_busy(kept: CostCurve, now: CostCurve) -> bool:
+    """Whether ``kept`` is slower than ``now`` (a short check on the same model, here and now) by
+    more than :data:`STALE_RATIO` at one of ``now``'s widths: it was measured while something else
+    ran (a busy first measurement would otherwise price every later tree on a flat, wrong curve)."""
+    return any(kept.cost(n) > STALE_RATIO * t for n, t in zip(now.sizes, now.seconds))
+
+
 def cost_curve_for(model, use_disk: bool = True, directory: Path | None = None, head=None) -> CostCurve:
     """The model's cost curve: read from the disk cache when one was measured under the same
-    conditions, else measured now (and written, unless ``use_disk`` is False).  A cache that cannot
-    be read or written is ignored: the curve is then measured each time.  ``head``: the decoder's
-    usable :class:`~probe_mtp.head.SplitHead`, if any (the curve then times the output layer too)."""
+    conditions, else measured now (and written, unless ``use_disk`` is False).  A kept curve is
+    checked by a few passes timed now (:data:`CHECK_SIZES`, about half a second for a model of
+    100-300M parameters on 2 cores) and measured again where it was measured on a busier machine
+    (:func:`measured_busy`).  A cache that cannot be read or written is ignored: the curve is then
+    measured each time.  ``head``: the decoder's usable :class:`~probe_mtp.head.SplitHead`, if any
+    (the curve then times the output layer too)."""
     key = curve_key(model, split_head=head is not None)
     path = curve_path(model, directory, split_head=head is not None)
     if use_disk and path.is_file():
         try:
             data = json.loads(path.read_text())
-            if data.get("format") == FORMAT_VERSION and data.get("key") == key:
-                return CostCurve.from_dict(data["curve"])
+            kept = CostCurve.from_dict(data["curve"]) if data.get("format") == FORMAT_VERSION and data.get("key") == key else None
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            kept = None
+        if kept is not None and not measured_busy(kept, measure_cost_curve(
+                model, sizes=CHECK_SIZES, context=kept.context, rounds=1, long_context=None)):
+            return kept
     curve = measure_cost_curve(model, head=head)
     if use_disk:
         try:

@@ -15,13 +15,19 @@ def test_cost_curve_disk_cache(tmp_path, monkeypatch, smollm2):
     path = curve_path(model)
     assert path.is_file() and path.parent == tmp_path
     assert curve.sizes[0] == 1 and all(s > 0 for s in curve.seconds)
-    # a second call reads the file instead of measuring
+    # a second call reads the file instead of measuring (a kept curve faster than now: kept)
     data = json.loads(path.read_text())
-    data["curve"]["seconds"] = [1.0 + i for i in range(len(curve.sizes))]
+    data["curve"]["seconds"] = [s / 4 for s in curve.seconds]
     path.write_text(json.dumps(data))
-    assert cost_curve_for(model).seconds[0] == 1.0
+    assert cost_curve_for(model).seconds == tuple(s / 4 for s in curve.seconds)
     # use_disk=False neither reads nor writes
-    assert cost_curve_for(model, use_disk=False).seconds[0] != 1.0
+    assert cost_curve_for(model, use_disk=False).seconds[0] > curve.seconds[0] / 4
+    # a kept curve measured on a busy machine (ten times slower than a pass now) is measured again
+    data["curve"]["seconds"] = [s * 10 for s in curve.seconds]
+    path.write_text(json.dumps(data))
+    again = cost_curve_for(model)
+    assert again.seconds[0] < curve.seconds[0] * 5
+    assert json.loads(path.read_text())["curve"]["seconds"][0] == again.seconds[0]  # and written over the stale one
     # a machine with another processor (a shared home directory) keeps its own curve
     assert curve_key(model)["processor"] == processor_name() != ""
     monkeypatch.setattr(cost, "processor_name", lambda: "another processor")

@@ -11,7 +11,7 @@ import torch
 from transformers import Gemma3TextConfig, LlamaConfig
 from transformers import Gemma3ForCausalLM, LlamaForCausalLM
 
-from probe_mtp.cost import CostCurve, measure_cost_curve
+from probe_mtp.cost import CostCurve, measure_cost_curve, measured_busy
 from probe_mtp.head import SplitHead
 
 # the shape of a 2-core CPU's curve for SmolLM2 (ms): 2 inputs cost more than 4
@@ -31,6 +31,15 @@ def test_cost_curve_interpolates_and_flags_the_small_size_trap():
         CostCurve((2, 4), (1.0, 2.0))
     with pytest.raises(ValueError):
         CostCurve((1, 4), (1.0, -2.0))
+
+
+def test_a_kept_curve_slower_than_passes_timed_now_was_measured_busy():
+    now = CostCurve.from_mapping({1: 50, 8: 70})
+    assert not measured_busy(CPU_CURVE, now)  # within 1.5x: the same machine, as quiet
+    assert not measured_busy(CostCurve.from_mapping({n: t / 3 for n, t in zip(CPU_CURVE.sizes, CPU_CURVE.seconds)}), now)
+    busy = CostCurve.from_mapping({1: 530, 2: 521, 4: 471, 8: 473, 16: 609, 32: 554, 64: 688})  # kept from a loaded machine
+    assert measured_busy(busy, now)
+    assert measured_busy(CostCurve.from_mapping({1: 57, 8: 200, 64: 300}), now)  # wrong shape at one width suffices
 
 
 # 128 tokens of context: 8 inputs cost 1.2x one; at 1024 they cost 2x (attention reads the cache)
