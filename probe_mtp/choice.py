@@ -36,7 +36,7 @@ import torch
 
 from .cost import CURVE_CONTEXT, CostCurve, accelerator_name, cache_dir, measure_cost_curve
 from .heap import heap_trimmer
-from .kernels import Processor, processor
+from .kernels import Processor, kernel_environment, processor
 from .optimize import AUTO_ATTRIBUTE, optimize_if_supported
 
 log = logging.getLogger("probe_mtp")
@@ -164,13 +164,14 @@ def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> A
 # ---------------------------------------------------------------------------- the disk cache
 def choice_key(identity: dict, attn_implementation: str, device: torch.device, cpu: Processor) -> dict:
     """What a choice depends on: the model's files (``identity``), the attention implementation,
-    the device (and accelerator), the processor ``cpu`` and whether oneDNN runs bf16 on it, torch's
+    the device (and accelerator), the processor ``cpu``, whether oneDNN runs bf16 on it and the
+    environment variables holding its kernels back (:func:`~probe_mtp.kernels.kernel_environment`), torch's
     thread count and version, the CPU count and the criterion itself (widths, tau, cache length)."""
     return {"format": CHOICE_FORMAT, "model": identity, "attn": attn_implementation, "device": str(device),
             "accelerator": accelerator_name(device), "processor": cpu.name, "units": cpu.matrix_units,
             "onednn_bf16": cpu.onednn_bf16, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "tau": {str(n): t for n, t in REFERENCE_TAU.items()},
-            "context": CHOICE_CONTEXT}
+            "context": CHOICE_CONTEXT, "kernel_environment": kernel_environment()}
 
 
 def choice_path(key: dict, directory: Path | None = None) -> Path:

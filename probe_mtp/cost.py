@@ -29,7 +29,7 @@ import torch
 
 from .attention import GROUPED_SDPA, grouped_query_attention, uses_grouped_attention
 from .clock import DeviceClock
-from .kernels import processor_name
+from .kernels import kernel_environment, processor_name
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 HEAD_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -403,13 +403,17 @@ def _ask(runtime, function: str, device: torch.device):
 
 def curve_key(model, split_head: bool = False) -> dict:
     """What a curve depends on: the model, its dtype, device, attention implementation, torch's
-    thread count and version, the machine's processor model and count, whether passes run the
+    thread count and version, the machine's processor model and count, the environment variables
+    that hold its kernels back where set (:func:`~probe_mtp.kernels.kernel_environment`), whether passes run the
     output layer apart from the backbone and, off the CPU, the accelerator
     (:func:`accelerator_name`: two GPUs of different makes keep a curve each)."""
     key = _model_key(model, split_head)
     accelerator = accelerator_name(model.device)
     if accelerator is not None:  # absent on the CPU: the keys (and files) of CPU curves stay as they were
         key["accelerator"] = accelerator
+    held = kernel_environment()
+    if held:  # kernels held back by the environment (ONEDNN_MAX_CPU_ISA=AVX2, ...): another curve
+        key["kernel_environment"] = held
     return key
 
 

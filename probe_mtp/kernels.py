@@ -39,6 +39,7 @@ the CPU.
 from __future__ import annotations
 
 import math
+import os
 import platform
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -109,6 +110,18 @@ class Processor:
         if self.matrix_units and not self.onednn_bf16:  # e.g. oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA)
             return f"{self.name} ({self.matrix_units}, unused: oneDNN runs no bf16 here)"
         return f"{self.name} ({self.matrix_units or 'no bf16 matrix units'})"
+
+
+# environment variables that hold a processor's kernels back (or pin them) without changing its name:
+# oneDNN's and MKL's instruction-set caps, ATen's vectorisation level, MKL's reproducibility mode
+KERNEL_ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY",
+                      "MKL_CBWR")
+
+
+def kernel_environment() -> dict[str, str]:
+    """Those of :data:`KERNEL_ENVIRONMENT` that are set, with their values (empty on most machines):
+    timings and choices kept per processor are kept per these too."""
+    return {name: os.environ[name] for name in KERNEL_ENVIRONMENT if os.environ.get(name)}
 
 
 def processor_name() -> str:

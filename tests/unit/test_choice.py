@@ -164,6 +164,16 @@ def test_the_key_names_the_model_processor_torch_and_threads():
     assert auto.choice_path(key) != auto.choice_path(auto.choice_key({"source": "m"}, "sdpa", torch.device("cpu"), other))
 
 
+def test_kernels_held_back_by_the_environment_keep_their_own_choice(monkeypatch):
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "MKL_CBWR"):
+        monkeypatch.delenv(name, raising=False)
+    plain = auto.choice_key({"source": "m"}, "sdpa", torch.device("cpu"), processor())
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    held = auto.choice_key({"source": "m"}, "sdpa", torch.device("cpu"), processor())
+    assert held["kernel_environment"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and plain["kernel_environment"] == {}
+    assert auto.choice_path(held) != auto.choice_path(plain)
+
+
 # ------------------------------------------------------------------------------- refusals
 def test_a_model_optimize_refuses_stays_stock_float32_with_the_reason(tmp_path, caplog):
     curves = Curves(**{STOCK_FP32: STEEP})

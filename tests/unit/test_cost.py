@@ -33,6 +33,20 @@ def test_cost_curve_interpolates_and_flags_the_small_size_trap():
         CostCurve((1, 4), (1.0, -2.0))
 
 
+def test_kernels_held_back_by_the_environment_keep_their_own_curve(monkeypatch):
+    from probe_mtp.cost import curve_key
+    from probe_mtp.kernels import KERNEL_ENVIRONMENT
+
+    for name in KERNEL_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+    plain = curve_key(model)
+    assert "kernel_environment" not in plain  # the keys (and files) of unrestricted machines as before
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    assert curve_key(model)["kernel_environment"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
 def test_a_kept_curve_slower_than_passes_timed_now_was_measured_busy():
     now = CostCurve.from_mapping({1: 50, 8: 70})
     assert not measured_busy(CPU_CURVE, now)  # within 1.5x: the same machine, as quiet
