@@ -104,6 +104,10 @@ def test_the_lowest_expected_time_wins_and_the_reason_names_every_candidate():
     assert slow_prepared.name == STOCK_FP32 and not slow_prepared.prepared
     tie = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_FP32, STEEP)], WHERE)
     assert tie.name == STOCK_FP32  # equal: the stock model, nothing changed
+    a_little_faster = curve({n: t * 0.96 for n, t in zip(STEEP.sizes, (s * 1e3 for s in STEEP.seconds))})
+    assert choose([Candidate(PREPARED_BF16, a_little_faster), Candidate(STOCK_FP32, STEEP)], WHERE).name == STOCK_FP32
+    faster = curve({n: t * 0.9 for n, t in zip(STEEP.sizes, (s * 1e3 for s in STEEP.seconds))})
+    assert choose([Candidate(PREPARED_BF16, faster), Candidate(STOCK_FP32, STEEP)], WHERE).name == PREPARED_BF16
 
 
 def test_a_choice_round_trips_through_its_dictionary():
