@@ -9,7 +9,7 @@ import torch
 
 from .distill.cli import add_tune_parser
 from .options import add_config_arguments, add_model_arguments, config_from_args
-from .report.cli import add_bench_parser, add_device_argument, add_report_parser
+from .report.cli import add_bench_parser, add_device_argument, add_report_parser, cmd_bench
 
 def cmd_generate(args) -> int:
     from rich.console import Console
@@ -57,6 +57,14 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_bench_on_engine(args) -> int:
+    if args.engine == "vllm":
+        from .vllm.bench import cmd_vllm_bench
+
+        return cmd_vllm_bench(args)
+    return cmd_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="probe-mtp", description="Training-free, lossless multi-token decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,7 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(g)
     g.set_defaults(func=cmd_generate)
     add_report_parser(sub)
-    add_bench_parser(sub)
+    bench = add_bench_parser(sub)
+    bench.add_argument("--engine", choices=("probe-mtp", "vllm"), default="probe-mtp",
+                       help="vllm: plain vLLM, its ngram and suffix methods and probe-mtp's proposer inside vLLM, "
+                       "one request at a time and --concurrency at once (run in .venv-vllm: make vllm)")
+    bench.add_argument("--vllm-methods", default=None, help="--engine vllm: comma list of vllm, vllm-ngram, "
+                       "vllm-suffix, probe-mtp (default: all)")
+    bench.add_argument("--concurrency", type=int, default=8, help="--engine vllm: requests at once (default 8)")
+    bench.add_argument("--speculative-tokens", type=int, default=8,
+                       help="--engine vllm: draft tokens per step at most, every method (default 8)")
+    bench.set_defaults(func=cmd_bench_on_engine)
     add_tune_parser(sub)
     return parser
 

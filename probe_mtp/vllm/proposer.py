@@ -341,7 +341,8 @@ class Proposer:
                 state, matched = match
                 following = automaton.successors(state)
                 if 0 < len(following) <= CORPUS_WIDTH:
-                    token = following[0] if len(following) == 1 else automaton.tokens[automaton.end[state] + 1]
+                    first = automaton.tokens[automaton.end[state] + 1]  # after the first occurrence
+                    token = first if first in following else following[0]
                     cell = 2 * bisect_right(CORPUS_LENGTH_EDGES, matched) + (len(following) > 1)
                     if best is None or corpus_p[cell] > best[0]:
                         best = (corpus_p[cell], int(token), 1, cell)

@@ -14,5 +14,8 @@ def greedy(llm, prompts, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
 
 
 def accepted_tokens(llm) -> float:
+    """vLLM's accepted-draft counter.  vLLM keeps its metrics in one registry per process and each new
+    engine takes it over: read it only while ``llm`` is the latest engine started (test_engine.py runs
+    before test_plugin.py starts the third one)."""
     return sum(float(m.value) for m in llm.get_metrics()
                if m.name == "vllm:spec_decode_num_accepted_tokens" and hasattr(m, "value"))
