@@ -3,17 +3,19 @@ cost curves and kept on disk.
 
 The candidates are the configurations in which probe-mtp is token-identical to ``model.generate``
 on the same model: bf16 prepared by :func:`probe_mtp.optimize` (oneDNN's packed products where it
-runs bf16, the stock products under checked row plans elsewhere), float32 prepared by ``probe_mtp.optimize(model, torch.float32)``, and float32 with the stock
-kernels.  Each is scored by the seconds per token the default decoder can expect with it: the least,
-over pass widths N, of c(N) / tau(N), with c its measured cost curve and tau the fixed
-:data:`REFERENCE_TAU`; N = 1 (tau 1) is plain decoding, so a configuration is never scored worse than
-its one-token pass.  The lowest score wins.
+runs bf16, the stock products under checked row plans elsewhere), float32 prepared by
+``probe_mtp.optimize(model, torch.float32)``, and float32 with the stock kernels.  Each is scored by the seconds per new token the default decoder can expect with it: the
+least, over pass widths N, of c(N) / tau(N), with c its measured cost curve and tau the fixed
+:data:`REFERENCE_TAU` (N = 1, tau 1, is plain decoding), plus reading
+:data:`PROMPT_TOKENS_PER_NEW_TOKEN` prompt tokens in wide passes.  The lowest score wins, stock float32
+unless beaten by more than :data:`STOCK_PREFERENCE`.
 
 The processor decides: on a 2-core Intel Xeon with AMX a prepared bf16 pass over 16 inputs cost 1.4
 one-token float32 passes (a float32 one 2.0), so prepared bf16 won there for both embedded models
 (docs/exact-bf16.md).  Without bf16 units, bf16 halves a pass bound by reading the weights but
-computes wide passes slowly: it can still win there with narrow trees (a model whose output layer
-dominates, Gemma 3's), so it is measured there too.  The choice, its one-line reason and the curves are kept in
+computes wide passes slowly (prompts too): it is measured there as well, and wins only where its
+narrow passes and its prompt reading beat float32's (for neither embedded model on the Xeon held to
+AVX2).  The choice, its one-line reason and the curves are kept in
 the cost-curve cache folder (:func:`probe_mtp.cost.cache_dir`, ``$PROBE_MTP_CACHE_DIR`` where set),
 keyed by the model's files, the processor, torch's version and thread count: later loads read it and
 load only the chosen configuration.
@@ -60,10 +62,17 @@ REFERENCE_TAU = {1: 1.0, 2: 1.5, 4: 1.6, 8: 1.9, 16: 2.1, 32: 2.3}
 # bf16 24.3 against 23.4-27.0 ms/token by reference taus, 1.33x against 1.53x float32 generate when
 # measured), and the stock model is what model.generate runs without probe-mtp
 STOCK_PREFERENCE = 0.05
-CHOICE_SIZES = tuple(REFERENCE_TAU)
+# a request's prompt is read in wide passes before decoding: each configuration is also charged this
+# many prompt tokens per new token at its cost per token in a pass of PREFILL_WIDTH inputs.  Spec-Bench's
+# first turns average 310 prompt tokens (SmolLM2's chat template) against 128 new ones by default.
+# Without it, Gemma 3 held to AVX2 chose prepared bf16 (42.9 against 53.1 ms/token decoding) and ran at
+# 0.96x float32 generate: bf16 without bf16 units read long prompts at a quarter of float32's speed
+PROMPT_TOKENS_PER_NEW_TOKEN = 2.0
+PREFILL_WIDTH = 64
+CHOICE_SIZES = (*REFERENCE_TAU, PREFILL_WIDTH)
 CHOICE_CONTEXT = CURVE_CONTEXT  # a short cache: 128 tokens
 CHOICE_ROUNDS = 3
-CHOICE_FORMAT = "probe-mtp-dtype-choice/2"  # 2: bf16 measured without bf16 units too, N=2 scored
+CHOICE_FORMAT = "probe-mtp-dtype-choice/3"  # 3: prompts charged; 2: bf16 measured without bf16 units too
 
 
 @dataclass(frozen=True)
@@ -77,8 +86,12 @@ class Candidate:
     refused: str | None = None
 
     def score(self) -> tuple[float, int] | None:
-        """``(expected seconds per token, the pass width that gives it)``, None when not measured."""
-        return None if self.curve is None else seconds_per_token(self.curve)
+        """``(expected seconds per new token, prompt reading included, and the pass width that gives
+        the decoding part)``, None when not measured."""
+        if self.curve is None:
+            return None
+        seconds, width = seconds_per_token(self.curve)
+        return seconds + PROMPT_TOKENS_PER_NEW_TOKEN * prefill_seconds_per_token(self.curve), width
 
     def summary(self) -> str:
         """``"prepared float32 28.4 ms/token (N=8)"``, or ``"prepared bfloat16 not measured (why)"``."""
@@ -96,6 +109,11 @@ class Candidate:
     def from_dict(cls, data: dict) -> "Candidate":
         curve = data.get("curve")
         return cls(str(data["name"]), None if curve is None else CostCurve.from_dict(curve), data.get("refused"))
+
+
+def prefill_seconds_per_token(curve: CostCurve) -> float:
+    """Seconds per prompt token when the prompt is read :data:`PREFILL_WIDTH` tokens a pass."""
+    return curve.cost(PREFILL_WIDTH) / PREFILL_WIDTH
 
 
 def seconds_per_token(curve: CostCurve, tau: dict[int, float] = REFERENCE_TAU) -> tuple[float, int]:
@@ -164,8 +182,10 @@ def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> A
 
     (seconds, width), _, best = min(scored, key=lambda item: (expected(item), item[1]))
     others = [c.summary() for c in candidates if c is not best]
-    reason = (f"expected {seconds * 1e3:.1f} ms/token at N={width} (c({width}) {best.curve.cost(width) * 1e3:.1f} ms "
-              f"/ tau {REFERENCE_TAU[width]}), against " + ", ".join(others) + f"; {where}")
+    prefill = PROMPT_TOKENS_PER_NEW_TOKEN * prefill_seconds_per_token(best.curve)
+    reason = (f"expected {seconds * 1e3:.1f} ms/token: decoding at N={width} (c({width}) "
+              f"{best.curve.cost(width) * 1e3:.1f} ms / tau {REFERENCE_TAU[width]}) and {prefill * 1e3:.1f} ms reading "
+              f"{PROMPT_TOKENS_PER_NEW_TOKEN:g} prompt tokens, against " + ", ".join(others) + f"; {where}")
     return AutoChoice(best.name, reason, tuple(candidates))
 
 
