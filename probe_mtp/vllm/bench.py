@@ -45,7 +45,7 @@ def method_config(method: str, k: int) -> dict | None:
 def suffix_available() -> str | None:
     """None where vLLM's ``suffix`` method can run here, else why not."""
     if importlib.util.find_spec("arctic_inference") is None:
-        return "arctic-inference is not installed (pip install arctic-inference; it builds from source)"
+        return "arctic-inference is not installed (make vllm-suffix; it builds from source)"
     return None
 
 
