@@ -72,7 +72,8 @@ PREFILL_WIDTH = 64
 CHOICE_SIZES = (*REFERENCE_TAU, PREFILL_WIDTH)
 CHOICE_CONTEXT = CURVE_CONTEXT  # a short cache: 128 tokens
 CHOICE_ROUNDS = 3
-CHOICE_FORMAT = "probe-mtp-dtype-choice/3"  # 3: prompts charged; 2: bf16 measured without bf16 units too
+# 4: prepared float32 packed once by MKL; 3: prompts charged; 2: bf16 measured without bf16 units too
+CHOICE_FORMAT = "probe-mtp-dtype-choice/4"
 
 
 @dataclass(frozen=True)

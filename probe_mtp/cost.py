@@ -29,7 +29,7 @@ import torch
 
 from .attention import GROUPED_SDPA, grouped_query_attention, uses_grouped_attention
 from .clock import DeviceClock
-from .kernels import kernel_environment, processor_name
+from .kernels import PackedLinear, kernel_environment, processor_name
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 HEAD_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -404,8 +404,9 @@ def _ask(runtime, function: str, device: torch.device):
 def curve_key(model, split_head: bool = False) -> dict:
     """What a curve depends on: the model, its dtype, device, attention implementation, torch's
     thread count and version, the machine's processor model and count, the environment variables
-    that hold its kernels back where set (:func:`~probe_mtp.kernels.kernel_environment`), whether passes run the
-    output layer apart from the backbone and, off the CPU, the accelerator
+    that hold its kernels back where set (:func:`~probe_mtp.kernels.kernel_environment`), how a prepared
+    model's linear layers compute, whether passes run the output layer apart from the backbone and,
+    off the CPU, the accelerator
     (:func:`accelerator_name`: two GPUs of different makes keep a curve each)."""
     key = _model_key(model, split_head)
     accelerator = accelerator_name(model.device)
@@ -414,6 +415,9 @@ def curve_key(model, split_head: bool = False) -> dict:
     held = kernel_environment()
     if held:  # kernels held back by the environment (ONEDNN_MAX_CPU_ISA=AVX2, ...): another curve
         key["kernel_environment"] = held
+    linear = sorted({m.kind for m in model.modules() if isinstance(m, PackedLinear)})
+    if linear:  # prepared by optimize: how its linear layers compute (oneDNN, MKL, stock)
+        key["linear"] = linear
     return key
 
 

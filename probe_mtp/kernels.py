@@ -9,10 +9,12 @@ however many rows the pass holds and whatever else the pass holds (other tree no
 padding).  This module provides the two parts of a forward pass that break that, each checked,
 not assumed, on whatever device the model is on; the dtype is a parameter throughout:
 
-- :class:`PackedLinear`: a linear layer whose weight is packed once for oneDNN
+- :class:`PackedLinear`: a linear layer whose weight is packed once: for oneDNN
   (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``) where oneDNN runs that
-  dtype (a CPU), else computed with the stock product on the plain weight
-  (``torch.nn.functional.linear``: an accelerator's BLAS, or a CPU without oneDNN for the dtype).
+  dtype (a CPU, bf16), by MKL (:mod:`probe_mtp.mkl_gemm`: float32 on a CPU where torch carries
+  MKL, whose stock product repacks the whole weight at every call of two rows or more), else
+  computed with the stock product on the plain weight
+  (``torch.nn.functional.linear``: an accelerator's BLAS, or a CPU without a packing library).
   Every kernel picks its algorithm from the product's shape: measured on an AMD EPYC
   (AVX512-BF16), a one-row oneDNN product sums in another order than products of 2 to 1500 rows,
   and MKL's float32 product here differs between widths.  How rows reach the kernel
@@ -50,6 +52,8 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.pytorch_utils import Conv1D
+
+from . import mkl_gemm
 
 EXACT_ATTENTION = "probe_mtp_exact"
 # a call of up to MOST_ROWS rows (MOST_ROWS_LARGE for weights above LARGE_WEIGHT elements: output
@@ -202,31 +206,35 @@ class RowPlan:
     """How the rows of a product reach the kernel.  ``block`` 0: each call zero-padded to the next
     of a few widths (:func:`bucket_rows`; a lone row becomes two, because the one-row kernel sums
     in another order); ``block`` B: always in calls of exactly B rows, zero-padded.  ``most``: the
-    most rows one call may hold (longer inputs are cut into calls of at most that many)."""
+    most rows one call may hold (longer inputs are cut into calls of at most that many).
+    ``least``: under the padding plan, the fewest rows a call holds (a lone row is padded to it)."""
 
     block: int = 0
     most: int = MOST_ROWS
+    least: int = 2
 
     def describe(self) -> str:
         if self.block:
             return f"rows in blocks of {self.block}"
-        return ("calls zero-padded to a few row counts (2-8, by 8 to 128, by 16 to 256, by 32 beyond; "
+        first = f"{self.least}-8, by 8" if self.least < 8 else f"{self.least}, by 8"
+        return (f"calls zero-padded to a few row counts ({first} to 128, by 16 to 256, by 32 beyond; "
                 f"at most {self.most} rows a call)")
 
     def widths(self) -> tuple[int, ...]:
         """Every row count a call to the kernel can have under this plan."""
         if self.block:
             return (self.block,)
-        return tuple(sorted({bucket_rows(rows, self.most) for rows in range(1, self.most + 1)}))
+        return tuple(sorted({bucket_rows(rows, self.most, self.least) for rows in range(1, self.most + 1)}))
 
 
-def bucket_rows(rows: int, most: int = MOST_ROWS) -> int:
-    """The row count a call of ``rows`` rows (``1 <= rows <= most``) is padded to: 2 for a lone row,
-    the count itself up to 8, the next multiple of 8 up to 128, then of 16 up to 256 and of 32
-    beyond (``most``, a multiple of 32, at most).  38 widths up to 512; past 64 rows, where a call
-    costs in proportion to its rows, the padding stays under 1/8 of them."""
-    if rows <= 1:
-        return 2
+def bucket_rows(rows: int, most: int = MOST_ROWS, least: int = 2) -> int:
+    """The row count a call of ``rows`` rows (``1 <= rows <= most``) is padded to: ``least`` (2: a
+    lone row becomes two) for ``rows`` up to it, the count itself up to 8, the next multiple of 8 up
+    to 128, then of 16 up to 256 and of 32 beyond (``most``, a multiple of 32, at most).  38 widths
+    up to 512; past 64 rows, where a call costs in proportion to its rows, the padding stays under
+    1/8 of them."""
+    if rows <= least:
+        return least
     if rows <= 8:
         return rows
     step = 8 if rows <= 128 else 16 if rows <= 256 else 32
@@ -238,6 +246,11 @@ def bucket_rows(rows: int, most: int = MOST_ROWS) -> int:
 # calls of at most 128 rows keep the padding plan; MKL's float32 product and the stock bf16 product
 # differ between widths, and run in blocks
 PLANS = (RowPlan(0), RowPlan(0, MOST_ROWS_LARGE), RowPlan(16), RowPlan(32))
+# MKL's packed float32 product (probe_mtp.mkl_gemm) first without padding a lone row: measured here it
+# sums a row of any width alike, except SmolLM2's 49152-row output layer held to AVX2, whose calls of
+# 1-2 rows sum in another order than wider ones (so its lone rows are padded to 4 or 8)
+MKL_PLANS = (RowPlan(0, least=1), RowPlan(0, least=4), RowPlan(0, least=8), RowPlan(0, MOST_ROWS_LARGE, least=4),
+             RowPlan(16), RowPlan(32))
 
 
 class RowVarianceError(RuntimeError):
@@ -258,7 +271,7 @@ def run_rows(kernel, x2d: torch.Tensor, plan: RowPlan) -> torch.Tensor:
         parts = [kernel(x2d[i : i + step]) for i in range(0, padded, step)]
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
     else:
-        out = kernel(_pad_rows(x2d, bucket_rows(rows, plan.most)))
+        out = kernel(_pad_rows(x2d, bucket_rows(rows, plan.most, plan.least)))
     return out if out.shape[0] == rows else out[:rows]
 
 
@@ -325,30 +338,31 @@ def most_rows(out_features: int, in_features: int) -> int:
     return MOST_ROWS_LARGE if out_features * in_features > LARGE_WEIGHT else MOST_ROWS
 
 
-def plans_for(out_features: int, in_features: int) -> list[RowPlan]:
-    """The plans of :data:`PLANS` for a weight of this shape, in order, each call at most
-    :func:`most_rows` rows (duplicates dropped)."""
+def plans_for(out_features: int, in_features: int, kind: str | None = None) -> list[RowPlan]:
+    """The plans of :data:`PLANS` (:data:`MKL_PLANS` for ``kind`` :data:`MKL`) for a weight of this
+    shape, in order, each call at most :func:`most_rows` rows (duplicates dropped)."""
     most = most_rows(out_features, in_features)
     found = []
-    for plan in PLANS:
-        plan = RowPlan(plan.block, min(plan.most, most))
+    for plan in MKL_PLANS if kind == MKL else PLANS:
+        plan = RowPlan(plan.block, min(plan.most, most), plan.least)
         if plan not in found:
             found.append(plan)
     return found
 
 
 def choose_row_plan(kernel, out_features: int, in_features: int, dtype=torch.bfloat16,
-                    device: torch.device | str = "cpu", weight_columns=None) -> RowPlan:
-    """The first plan of :data:`PLANS` under which ``kernel`` (computing on ``device``) is
-    row-invariant with the current :func:`math_settings` (see :func:`rows_agree`, at every width a
-    call can have); :class:`RowVarianceError`, naming the weight shape, when none is."""
-    for plan in plans_for(out_features, in_features):
+                    device: torch.device | str = "cpu", weight_columns=None, kind: str | None = None) -> RowPlan:
+    """The first plan of :func:`plans_for` (``kind``: the kernel's, see there) under which
+    ``kernel`` (computing on ``device``) is row-invariant with the current :func:`math_settings`
+    (see :func:`rows_agree`, at every width a call can have); :class:`RowVarianceError`, naming
+    the weight shape, when none is."""
+    for plan in plans_for(out_features, in_features, kind):
         if rows_agree(kernel, in_features, plan, dtype=dtype, device=device, weight_columns=weight_columns):
             return plan
     raise RowVarianceError(
         f"on {device_description(device)} ({torch.get_num_threads()} threads) a {dtype} product with a "
         f"[{out_features}, {in_features}] weight rounds a row differently depending on how many rows it holds, "
-        f"under every plan tried ({'; '.join(p.describe() for p in plans_for(out_features, in_features))}); exact decoding in {dtype} is not "
+        f"under every plan tried ({'; '.join(p.describe() for p in plans_for(out_features, in_features, kind))}); exact decoding in {dtype} is not "
         f"possible here: {_wider_advice(dtype)}"
     )
 
@@ -367,6 +381,20 @@ def onednn_kernel(packed: torch.Tensor, bias: torch.Tensor | None):
     return kernel
 
 
+def mkl_available() -> bool:
+    """Whether this torch multiplies float32 with weights packed once by MKL (:mod:`probe_mtp.mkl_gemm`)."""
+    return mkl_gemm.available()
+
+
+def mkl_kernel(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None):
+    """A float32 product with a weight packed once by MKL (:func:`probe_mtp.mkl_gemm.pack`)."""
+
+    def kernel(x2d: torch.Tensor) -> torch.Tensor:
+        return mkl_gemm.product(x2d, packed, out_features, bias)
+
+    return kernel
+
+
 def stock_kernel(weight: torch.Tensor, bias: torch.Tensor | None):
     def kernel(x2d: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x2d, weight, bias)
@@ -381,7 +409,7 @@ class PlanKey(NamedTuple):
     out_features: int
     in_features: int
     bias: bool
-    packed: bool
+    kind: str
     dtype: torch.dtype
     device: torch.device
     settings: tuple
@@ -399,8 +427,8 @@ class RowPlans:
         """The plan for ``layer`` where it now computes (on ``meta``, which holds no values, the
         padding plan, unchecked: a pass there computes shapes only)."""
         if not holds_data(layer.device):
-            return RowPlan(0, most_rows(layer.out_features, layer.in_features))
-        key = PlanKey(layer.out_features, layer.in_features, layer.bias is not None, layer.packed is not None,
+            return plans_for(layer.out_features, layer.in_features, layer.kind)[0]
+        key = PlanKey(layer.out_features, layer.in_features, layer.bias is not None, layer.kind,
                       layer.dtype, layer.device, math_settings(layer.device))
         found = self._plans.get(key)
         if found is None:
@@ -423,16 +451,34 @@ def _as_out_in(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     return module.weight.detach(), bias
 
 
+# how a PackedLinear computes: its weight packed once for oneDNN, packed once by MKL (float32), or
+# the stock product on the plain weight
+ONEDNN, MKL, STOCK = "oneDNN", "MKL", "stock"
+
+
+def packing(dtype: torch.dtype, cpu: "Processor | None" = None) -> str:
+    """How a CPU layer computing in ``dtype`` packs its weight here: float32 by MKL where this torch
+    has it (measured on a Xeon, free and held to AVX2, faster than oneDNN's packed float32 and than
+    the stock product at every width from 1 to 32 rows), else by oneDNN where it runs the dtype,
+    else not at all."""
+    cpu = cpu or processor()
+    if dtype == torch.float32 and mkl_available():
+        return MKL
+    return ONEDNN if cpu.packs(dtype) else STOCK
+
+
 class PackedLinear(nn.Module):
     """A linear layer computing in one dtype (bf16 by default), row-invariant under the row plan its
     :class:`RowPlans` chooses where it computes.
 
-    Holds either ``packed``: the weight packed once for oneDNN (an opaque tensor; no other copy is
-    kept), where oneDNN runs the dtype (a CPU, ``pack=True``), or ``plain``: the ``[out, in]``
-    weight itself, multiplied with the stock product (``torch.nn.functional.linear``: on an
-    accelerator, on a CPU without oneDNN for the dtype, or after a move).  A plain weight in the
-    dtype and on the device it was given is used as it is (no copy: a tied output layer shares the
-    embedding's storage).
+    ``kind`` says how: :data:`ONEDNN`, ``packed`` holds the weight packed once for oneDNN (an
+    opaque tensor; no other copy is kept); :data:`MKL` (float32), ``plain`` holds the ``[out, in]``
+    weight and ``mkl_pack`` a copy packed by MKL (:mod:`probe_mtp.mkl_gemm`, made at the first
+    product, again after a copy or unpickling); :data:`STOCK`, ``plain`` is multiplied with the stock
+    product (``torch.nn.functional.linear``: on an accelerator, on a CPU without a packing library
+    for the dtype, or after a move).  ``pack=True`` picks :func:`packing` for the dtype, False the
+    stock product; a kind may be named instead.  A plain weight in the dtype and on the device it
+    was given is used as it is (no copy: a tied output layer shares the embedding's storage).
 
     What a plain layer offers still works: ``state_dict()`` gives the weight unpacked under
     ``weight`` and ``load_state_dict`` repacks it; ``weight`` reads the unpacked weight;
@@ -441,7 +487,7 @@ class PackedLinear(nn.Module):
     row-invariant: its plan for the new device and dtype is checked before its first product
     there (:class:`RowVarianceError` from that product where no plan holds)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, plans: RowPlans, pack: bool = True,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, plans: RowPlans, pack: bool | str = True,
                  dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
@@ -451,27 +497,41 @@ class PackedLinear(nn.Module):
             self.register_parameter("bias", None)
         else:
             self.bias = nn.Parameter(bias.detach().to(dtype), requires_grad=False)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if pack else None
-        self.plain = None if pack else weight
+        kind = pack if isinstance(pack, str) else packing(dtype) if pack else STOCK
+        if kind not in (ONEDNN, MKL, STOCK) or (kind == MKL and dtype != torch.float32):
+            raise ValueError(f"a {dtype} layer cannot compute as {kind!r} (kinds: {ONEDNN}, {MKL} for float32, {STOCK})")
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if kind == ONEDNN else None
+        self.plain = None if kind == ONEDNN else weight
+        self.mkl = kind == MKL  # the plain weight multiplied packed by MKL
+        self.mkl_pack: torch.Tensor | None = None
+        self._ready = None  # (math settings, plan, kernel) of the last product: see _plan_and_kernel
 
     @classmethod
-    def from_module(cls, module: nn.Module, plans: RowPlans, pack: bool = True,
+    def from_module(cls, module: nn.Module, plans: RowPlans, pack: bool | str = True,
                     weight: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> "PackedLinear":
         """The form of ``module`` (an ``nn.Linear``, ``Conv1D`` or :class:`PackedLinear`) computing in
-        ``dtype``, packed when ``pack``; ``weight``: its ``[out, in]`` weight already in ``dtype`` (a
-        tied output layer's, cast once for the embedding too)."""
+        ``dtype``, packed as ``pack`` says; ``weight``: its ``[out, in]`` weight already in ``dtype``
+        (a tied output layer's, cast once for the embedding too)."""
         own, bias = _as_out_in(module)
         return cls(own if weight is None else weight, bias, plans, pack, dtype)
+
+    @property
+    def kind(self) -> str:
+        return ONEDNN if self.packed is not None else MKL if self.mkl else STOCK
 
     def kernel(self):
         bias = None if self.bias is None else self.bias.detach()
         if self.packed is not None:
             return onednn_kernel(self.packed, bias)
+        if self.mkl:
+            if self.mkl_pack is None:
+                self.mkl_pack = mkl_gemm.pack(self.plain)
+            return mkl_kernel(self.mkl_pack, self.out_features, bias)
         return stock_kernel(self.plain, bias)
 
     def choose_plan(self) -> RowPlan:
         return choose_row_plan(self.kernel(), self.out_features, self.in_features, self.dtype, self.device,
-                               self.columns)
+                               self.columns, self.kind)
 
     def columns(self, positions: torch.Tensor) -> torch.Tensor:
         """The weight's columns at ``positions``, ``[len(positions), out]``: read from the plain
@@ -493,22 +553,38 @@ class PackedLinear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The weight ``[out, in]``, unpacked (a copy when packed)."""
+        """The weight ``[out, in]``, unpacked (a copy when packed for oneDNN)."""
         return self.packed.to_dense() if self.packed is not None else self.plain
 
     def weight_bytes(self) -> int:
         return self.out_features * self.in_features * self.dtype.itemsize
+
+    def pack_bytes(self) -> int:
+        """Bytes of the copy of the weight MKL packed (0 before the first product)."""
+        return 0 if self.mkl_pack is None else self.mkl_pack.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2d = x.reshape(-1, self.in_features)
         if x2d.dtype != self.dtype:
             x2d = x2d.to(self.dtype)
-        out = run_rows(self.kernel(), _aligned(x2d.contiguous()), self.plans.plan(self))
+        plan, kernel = self._plan_and_kernel()
+        out = run_rows(kernel, _aligned(x2d.contiguous()), plan)
         return out.reshape(*shape[:-1], self.out_features)
 
+    def _plan_and_kernel(self):
+        """The row plan and kernel of a product now, kept while the math settings stay as they were
+        (looked up at every product they cost 10 us each, 2 ms of a SmolLM2 pass); a change of
+        weight, device or dtype drops them."""
+        settings = math_settings(self.device)
+        ready = self._ready
+        if ready is None or ready[0] != settings:
+            ready = self._ready = (settings, self.plans.plan(self), self.kernel())
+        return ready[1], ready[2]
+
     def extra_repr(self) -> str:
-        kind = f"packed {self.dtype}" if self.packed is not None else f"stock product, {self.dtype} on {self.device}"
+        kind = {ONEDNN: f"packed {self.dtype} (oneDNN)", MKL: f"packed {self.dtype} (MKL)",
+                STOCK: f"stock product, {self.dtype} on {self.device}"}[self.kind]
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {kind}"
 
     # ---- what a plain layer offers
@@ -540,18 +616,25 @@ class PackedLinear(nn.Module):
     def _set_weight(self, weight: torch.Tensor) -> None:
         """Take ``weight`` (``[out, in]``) in this layer's dtype, on its device, packed if it is."""
         weight = weight.to(device=self.device, dtype=self.dtype).contiguous()
+        self._ready = None
         if self.packed is not None:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         else:
-            self.plain = weight
+            self.plain, self.mkl_pack = weight, None
 
     def _apply(self, fn, recurse=True):
         # where fn sends a tensor of this layer's dtype and device, learnt from an empty one (a
         # packed weight is not unpacked for a move that changes nothing)
         probe = fn(torch.empty(0, dtype=self.dtype, device=self.device))
+        moved = (probe.dtype, probe.device) != (self.dtype, self.device)
+        self._ready = None
         if self.packed is None:
-            self.plain = fn(self.plain)
-        elif (probe.dtype, probe.device) != (self.dtype, self.device):
+            plain, self.plain = self.plain, fn(self.plain)
+            if moved:
+                self.mkl, self.mkl_pack = False, None
+            elif self.plain is not plain:
+                self.mkl_pack = None
+        elif moved:
             self.packed, self.plain = None, fn(self.weight)
         return super()._apply(fn, recurse)
 
@@ -560,10 +643,15 @@ class PackedLinear(nn.Module):
         if state.get("packed") is not None:
             state["packed"] = None
             state["_unpacked"] = self.packed.to_dense()
+        state["mkl_pack"] = None  # never copied (valid only where MKL wrote it): packed again at the first product
+        state["_ready"] = None
         return state
 
     def __setstate__(self, state):
         unpacked = state.pop("_unpacked", None)
+        state.setdefault("mkl", False)
+        state.setdefault("mkl_pack", None)
+        state["_ready"] = None
         super().__setstate__(state)
         if unpacked is not None:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(unpacked, 1)

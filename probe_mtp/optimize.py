@@ -2,9 +2,9 @@
 whatever device it is on.
 
 After it, ``model.generate`` and :func:`probe_mtp.generate` both run on the prepared model and give
-the same tokens: every linear layer becomes a :class:`~probe_mtp.kernels.PackedLinear` (on a CPU
-whose oneDNN runs the dtype, its weight packed once, which is also faster; elsewhere, an
-accelerator included, the stock product on the plain weight), each under a row plan checked bit
+the same tokens: every linear layer becomes a :class:`~probe_mtp.kernels.PackedLinear` (on a CPU,
+its weight packed once, which is also faster: bf16 for oneDNN where it runs bf16, float32 by MKL;
+elsewhere, an accelerator included, the stock product on the plain weight), each under a row plan checked bit
 for bit against the one-row computation on that device before it is used; attention runs
 :func:`~probe_mtp.kernels.exact_attention`.  So a wide tree pass gives every row the bits a
 one-token pass gives it.  Nothing is checked per model name or device kind: a model is refused,
@@ -31,12 +31,16 @@ from transformers.pytorch_utils import Conv1D
 from .heap import heap_trimmer
 from .kernels import (
     EXACT_ATTENTION,
+    MKL,
+    ONEDNN,
+    STOCK,
     PackedLinear,
     Processor,
     RowPlans,
     RowVarianceError,
     device_description,
     holds_data,
+    packing,
     processor,
 )
 
@@ -118,13 +122,13 @@ def _where(model, record: Prepared) -> str:
 def _linear_kernels(model, record: Prepared) -> str:
     """How the linear layers compute, and their row plans where they now are."""
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    kinds = Counter("packed" if m.packed is not None else "stock" for m in layers)
-    if kinds.get("stock", 0) == 0:
-        kernel = "linear weights packed once for oneDNN"
-    elif kinds.get("packed", 0) == 0:
-        kernel = "stock linear products"
+    kinds = Counter(m.kind for m in layers)
+    named = {ONEDNN: "packed once for oneDNN", MKL: "packed once by MKL", STOCK: "with stock products"}
+    if len(kinds) == 1:
+        kernel = {ONEDNN: "linear weights packed once for oneDNN", MKL: "linear weights packed once by MKL",
+                  STOCK: "stock linear products"}[next(iter(kinds))]
     else:
-        kernel = f"{kinds['packed']} linear layers packed once for oneDNN, {kinds['stock']} with stock products"
+        kernel = ", ".join(f"{count} linear layers {named[kind]}" for kind, count in sorted(kinds.items()))
     plans = record.plans.describe(_model_device(model), model.dtype)
     return f"{kernel} ({plans})"
 
@@ -141,13 +145,15 @@ def _model_device(model) -> torch.device:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of every weight of ``model``, packed ones included (a stock-product layer's weight that
-    shares an embedding's storage counted once)."""
+    """Bytes of every weight of ``model``, packed ones included, each weight once (a plain weight that
+    shares an embedding's storage counted once; not MKL's packed copies of float32 weights, whose
+    reserved size, 2-8x a small weight, says little of the memory they hold)."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     counted = {p.data_ptr() for p in model.parameters()}
     for module in model.modules():
-        if isinstance(module, PackedLinear) and (module.plain is None or module.plain.data_ptr() not in counted):
-            total += module.weight_bytes()
+        if isinstance(module, PackedLinear):
+            if module.plain is None or module.plain.data_ptr() not in counted:
+                total += module.weight_bytes()
     return total
 
 
@@ -156,9 +162,11 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
     is on, and return it.
 
     Every ``nn.Linear`` (and GPT-2 style ``Conv1D``) becomes a :class:`~probe_mtp.kernels.PackedLinear`
-    computing in ``dtype``: on a CPU whose oneDNN runs ``dtype``, its weight packed once (a tied
-    output layer gets a packed copy while the embedding keeps its own for lookups); elsewhere the
-    stock product on the plain weight (no copy where the weight is already in ``dtype``).  The
+    computing in ``dtype``: on a CPU its weight packed once (bf16 for oneDNN, where it runs bf16: a
+    tied output layer gets a packed copy while the embedding keeps its own for lookups; float32 by
+    MKL, where torch has it: a second copy of the weights, made at each layer's first product);
+    elsewhere the stock product on the plain weight (no copy where the weight is already in
+    ``dtype``).  The
     other parameters are cast to ``dtype`` and the attention becomes
     :data:`~probe_mtp.kernels.EXACT_ATTENTION`.  Before anything changes, each distinct weight
     shape is checked to be row-invariant where it computes, at the current thread count and math
@@ -224,7 +232,7 @@ def _as_prepared(model, dtype: torch.dtype, cpu: Processor) -> bool:
     if record is None or (record.device, record.dtype) != (_model_device(model), dtype):
         return False
     return all(isinstance(child, PackedLinear) and child.dtype == dtype
-               and (child.packed is not None) == _packs(child.device, dtype, cpu)
+               and child.kind == _packing(child.device, dtype, cpu)
                for _, _, _, child in _linear_layers(model))
 
 
@@ -292,9 +300,10 @@ def _layer_device(module: nn.Module) -> torch.device:
     return module.device if isinstance(module, PackedLinear) else module.weight.device
 
 
-def _packs(device: torch.device, dtype: torch.dtype, cpu: Processor) -> bool:
-    """Whether a layer on ``device`` computing in ``dtype`` gets its weight packed for oneDNN."""
-    return device.type == "cpu" and cpu.packs(dtype)
+def _packing(device: torch.device, dtype: torch.dtype, cpu: Processor) -> str:
+    """How a layer on ``device`` computing in ``dtype`` packs its weight (see :func:`kernels.packing`):
+    on a CPU by oneDNN or by MKL, elsewhere not at all."""
+    return packing(dtype, cpu) if device.type == "cpu" else STOCK
 
 
 def _tied_to_embedding(model, layers, dtype) -> dict[int, torch.Tensor]:
@@ -309,7 +318,7 @@ def _tied_to_embedding(model, layers, dtype) -> dict[int, torch.Tensor]:
 def _new_layer(child: nn.Module, plans: RowPlans, dtype: torch.dtype, cpu: Processor,
                tied: dict[int, torch.Tensor]) -> PackedLinear:
     """The :class:`PackedLinear` that replaces ``child``, packed where its device allows."""
-    return PackedLinear.from_module(child, plans, _packs(_layer_device(child), dtype, cpu), tied.get(id(child)), dtype)
+    return PackedLinear.from_module(child, plans, _packing(_layer_device(child), dtype, cpu), tied.get(id(child)), dtype)
 
 
 def _check_kernels(layers, plans: RowPlans, dtype: torch.dtype, cpu: Processor,

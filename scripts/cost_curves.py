@@ -19,7 +19,8 @@ import torch
 from transformers import DynamicCache
 
 import probe_mtp
-from probe_mtp.kernels import processor
+from probe_mtp import kernels
+from probe_mtp.kernels import PackedLinear, processor
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 STOCK_FP32 = "float32, stock kernels"
@@ -39,12 +40,27 @@ def bf16_copy(model):
     return copy.deepcopy(model, memo)
 
 
+def repacked(model, kind: str):
+    """A copy of the prepared float32 ``model`` whose linear layers compute as ``kind`` (oneDNN's
+    packed float32, to compare with the MKL packing optimize takes where this torch has MKL)."""
+    out = copy.deepcopy(model)
+    for parent in list(out.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear):
+                setattr(parent, name, PackedLinear.from_module(child, child.plans, kind, dtype=torch.float32))
+    return out
+
+
 def variants(base) -> dict:
     """``{name: model}``: the four ways (prepared bf16 with oneDNN's packed products where it runs
-    bf16, else with the stock products under checked row plans; left out where optimize refuses)."""
-    out = {STOCK_FP32: base,
-           "float32, prepared (optimize)": probe_mtp.optimize(copy.deepcopy(base), torch.float32),
-           "bf16, stock kernels": bf16_copy(base)}
+    bf16, else with the stock products under checked row plans; left out where optimize refuses),
+    and prepared float32 with oneDNN's packing too where optimize packs float32 by MKL."""
+    prepared = probe_mtp.optimize(copy.deepcopy(base), torch.float32)
+    kind = next(m.kind for m in prepared.modules() if isinstance(m, PackedLinear))
+    out = {STOCK_FP32: base, f"float32, prepared (optimize: {kind})": prepared}
+    if kind == kernels.MKL and processor().packs(torch.float32):
+        out["float32, prepared, oneDNN packing"] = repacked(prepared, kernels.ONEDNN)
+    out["bf16, stock kernels"] = bf16_copy(base)
     try:
         out["bf16, prepared (optimize)"] = probe_mtp.optimize(bf16_copy(base), require_matrix_units=False)
     except probe_mtp.OptimizeError as exc:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from probe_mtp import kernels
+from probe_mtp import kernels, mkl_gemm
 from probe_mtp.kernels import (
     PLANS,
     PackedLinear,
@@ -36,9 +36,11 @@ ONEDNN_BF16 = kernels.processor().onednn_bf16
 PACKINGS = [pytest.param(True, id="packed"), pytest.param(False, id="stock")]
 if not ONEDNN_BF16:
     PACKINGS = [pytest.param(False, id="stock")]
-# float32 layers: stock everywhere, packed where oneDNN runs float32 (the next dtype optimize takes)
-FLOAT32_PACKINGS = [pytest.param(pack, id=name) for pack, name in ((True, "packed"), (False, "stock"))
-                    if not pack or kernels.processor().packs(torch.float32)]
+# float32 layers: stock everywhere, packed where oneDNN runs float32, packed per call width where
+# this torch has MKL (what optimize takes for float32 there)
+FLOAT32_PACKINGS = [pytest.param(kind, id=kind) for kind in (kernels.ONEDNN, kernels.MKL, kernels.STOCK)
+                    if (kind != kernels.ONEDNN or kernels.processor().packs(torch.float32))
+                    and (kind != kernels.MKL or kernels.mkl_available())]
 
 
 class Module:
@@ -62,7 +64,8 @@ SHAPES = [(1536, 576), (576, 1536), (192, 576), (640, 2048), (2048, 640), (37, 6
 def _check_row_invariance(out_features, in_features, pack, dtype):
     layer = PackedLinear(_bf16(out_features, in_features, seed=1, scale=in_features**-0.5, dtype=dtype),
                          _bf16(out_features, seed=2, dtype=dtype), RowPlans(), pack=pack, dtype=dtype)
-    assert layer.dtype == dtype and (layer.packed is not None) == pack
+    expected_kind = pack if isinstance(pack, str) else kernels.ONEDNN if pack else kernels.STOCK
+    assert layer.dtype == dtype and layer.kind == expected_kind
     x = _bf16(300, in_features, seed=3, dtype=dtype)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])])
     for width in (2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 128, 300):
@@ -83,8 +86,45 @@ def test_linear_row_of_any_width_equals_the_one_row_product(out_features, in_fea
 @pytest.mark.parametrize("out_features,in_features", [(1536, 576), (576, 1536), (37, 64)])
 def test_float32_linear_row_of_any_width_equals_the_one_row_product(out_features, in_features, pack):
     """The dtype is a parameter: float32 layers (MKL's stock product differs between widths here,
-    so its plan differs) are checked and row-invariant the same way."""
+    so its plan differs; MKL's packed product is packed per call width) are checked and
+    row-invariant the same way."""
     _check_row_invariance(out_features, in_features, pack, torch.float32)
+
+
+@pytest.mark.skipif(not kernels.mkl_available(), reason="this torch has no MKL packed product")
+def test_mkl_layer_packs_once_at_its_first_product_and_copies_and_moves_like_a_plain_one():
+    weight, bias = _bf16(96, 64, seed=30, dtype=torch.float32), _bf16(96, seed=31, dtype=torch.float32)
+    layer = PackedLinear(weight, bias, RowPlans(), pack=kernels.MKL, dtype=torch.float32)
+    assert layer.kind == kernels.MKL and layer.plain.data_ptr() == weight.data_ptr() and layer.pack_bytes() == 0
+    x = _bf16(40, 64, seed=32, dtype=torch.float32)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])])  # the first product checks the plan
+    packed = layer.mkl_pack
+    assert packed is not None and layer.pack_bytes() > 0
+    assert torch.allclose(alone, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    assert torch.equal(layer(x[:3]), alone[:3]) and torch.equal(layer(x), alone) and layer.mkl_pack is packed
+    # a copy packs again where it lives (a packed buffer is valid only where MKL wrote it)
+    for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert other.kind == kernels.MKL and torch.equal(other(x), alone)
+        assert other.mkl_pack.data_ptr() != packed.data_ptr()
+    assert set(layer.state_dict()) == {"weight", "bias"} and torch.equal(layer.state_dict()["weight"], weight)
+    layer.load_state_dict({"weight": weight * 2, "bias": bias})
+    assert torch.allclose(layer(x), F.linear(x, weight * 2, bias), rtol=1e-5, atol=1e-5)
+    layer.to(torch.bfloat16)  # another dtype: a plain stock layer there
+    assert layer.kind == kernels.STOCK and layer.pack_bytes() == 0
+    with pytest.raises(ValueError, match="cannot compute as 'MKL'"):
+        PackedLinear(weight, bias, RowPlans(), pack=kernels.MKL, dtype=torch.bfloat16)
+
+
+@pytest.mark.skipif(not kernels.mkl_available(), reason="this torch has no MKL packed product")
+@pytest.mark.parametrize("rows", [0, 1, 2, 7, 64, 65])
+def test_mkl_packed_product_matches_the_stock_one(rows):
+    """One copy packed for PACK_ROWS rows multiplies any row count (MKL's format checked by value)."""
+    weight, bias = _bf16(130, 70, seed=33, dtype=torch.float32), _bf16(130, seed=34, dtype=torch.float32)
+    x = _bf16(rows, 70, seed=35, dtype=torch.float32)
+    out = mkl_gemm.product(x, mkl_gemm.pack(weight), 130, bias)
+    assert out.shape == (rows, 130) and torch.allclose(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="float32"):
+        mkl_gemm.pack(weight.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("pack", PACKINGS)
@@ -178,6 +218,21 @@ def test_the_check_sees_a_kernel_that_sums_in_another_order_at_another_width():
     target = rows.new_tensor([r * 40 // kernels.CHECK_ROWS for r in range(kernels.CHECK_ROWS)]).long()
     products = rows * weight.double()[target]
     assert (products.abs().amax(-1) > 2**12 * products.sum(-1).abs()).float().mean() > 0.9  # large terms, small sums
+
+
+def test_a_kernel_whose_narrow_calls_differ_gets_its_lone_rows_padded_further():
+    """MKL's plans first leave a lone row alone, then pad it (and 2-3 rows) to 4, then to 8: a kernel
+    summing calls of up to two rows in another order gets the plan padding to 4."""
+    weight = _bf16(40, 64, seed=14, scale=0.125)
+    kernel = _sums_in_another_order_past_two_rows(weight)
+    columns = lambda positions: weight[:, positions].t()  # noqa: E731
+    plans = kernels.plans_for(40, 64, kernels.MKL)
+    assert [plan.least for plan in plans[:3]] == [1, 4, 8] and plans[0].widths()[:3] == (1, 2, 3)
+    assert RowPlan(0, least=4).widths()[:3] == (4, 5, 6) and RowPlan(0, least=8).widths()[:2] == (8, 16)
+    assert choose_row_plan(kernel, 40, 64, weight_columns=columns, kind=kernels.MKL) == RowPlan(0, 512, least=4)
+    calls = []
+    assert torch.equal(run_rows(lambda x: calls.append(x.shape[0]) or x * 2, weight[:1], RowPlan(0, least=4)), weight[:1] * 2)
+    assert calls == [4]
 
 
 def test_block_plans_run_fixed_blocks_and_long_inputs_in_chunks():

@@ -1,6 +1,6 @@
 """``probe_mtp.optimize``: a model prepared in place for exact decoding in bf16 (or float32), on tiny
 models built from configs (the embedded models: tests/models/test_prepared_bf16.py).  Both linear
-kernels are covered: weights packed once for oneDNN, and the stock product under checked row plans
+kernels are covered: weights packed once for oneDNN (or by MKL, float32), and the stock product under checked row plans
 (what an accelerator or a CPU without oneDNN for the dtype gets: on CUDA the same code decides at
 run time), as are moves of a prepared model and refusals that leave the model as it was."""
 
@@ -236,14 +236,16 @@ def test_a_row_variant_kernel_is_refused_naming_the_layer_and_the_model_is_left_
 
 # ------------------------------------------------------------------------------- float32
 def test_float32_is_a_dtype_like_bf16():
-    """optimize(model, torch.float32): the same layers and checks in float32 (packed where oneDNN runs
-    float32), so float32 tree passes are row-invariant too; no bf16 units needed."""
+    """optimize(model, torch.float32): the same layers and checks in float32 (packed once by MKL where
+    torch carries it, else by oneDNN where it runs float32), so float32 tree passes are row-invariant
+    too; no bf16 units needed."""
     model = probe_mtp.optimize(tiny(), torch.float32)
     assert probe_mtp.is_optimized(model) and model.dtype == torch.float32
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    assert all(m.dtype == torch.float32 and (m.packed is not None) == kernels.processor().packs(torch.float32)
-               for m in layers)
+    assert all(m.dtype == torch.float32 and m.kind == kernels.packing(torch.float32) for m in layers)
     assert probe_mtp.describe(model).startswith("float32, on cpu (")
+    if kernels.mkl_available():  # packed once by MKL: no repacking at calls of two rows or more
+        assert "linear weights packed once by MKL" in probe_mtp.describe(model)
     gen = torch.Generator().manual_seed(6)
     one, wide = _passes(model, torch.randint(1, 256, (1, 30), generator=gen), torch.randint(1, 256, (1, 24), generator=gen))
     assert torch.equal(one, wide)
@@ -264,11 +266,10 @@ def test_a_moved_model_stays_prepared_and_exact_and_says_so():
     assert torch.equal(one, wide)
     assert _greedy_identical(model, _prompts())
     assert "checked on first use" not in probe_mtp.describe(model)  # now checked there
-    # prepared again where it now is: no longer "moved", packed where oneDNN runs float32
+    # prepared again where it now is: no longer "moved", packed as optimize packs float32 here
     probe_mtp.optimize(model, torch.float32)
     assert "moved" not in probe_mtp.describe(model)
-    assert all((m.packed is not None) == kernels.processor().packs(torch.float32)
-               for m in model.modules() if isinstance(m, PackedLinear))
+    assert all(m.kind == kernels.packing(torch.float32) for m in model.modules() if isinstance(m, PackedLinear))
     model.to(torch.bfloat16)
     assert "moved after optimize (prepared as float32" in probe_mtp.describe(model)
     prepare(model)
