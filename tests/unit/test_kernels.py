@@ -502,3 +502,18 @@ def test_attention_prefill_chunks_skip_keys_no_query_sees(monkeypatch):
     monkeypatch.setattr(kernels, "QUERY_CHUNK", 8)
     assert torch.equal(_attend(q, k, v), whole)
     assert torch.equal(_attend(q, k, v, pad), padded)
+
+
+def test_float32_packing_falls_back_to_onednn_then_the_stock_product_without_mkl(monkeypatch):
+    """Where torch carries no MKL (macOS, ARM), float32 layers are packed for oneDNN where it runs
+    float32, else computed with the stock product; bf16 is never packed by MKL."""
+    monkeypatch.setattr(mkl_gemm, "available", lambda: False)
+    real = kernels.processor()
+    assert kernels.packing(torch.float32, real) == (kernels.ONEDNN if real.packs(torch.float32) else kernels.STOCK)
+    without = kernels.Processor(real.name, real.flags, False, False)
+    assert kernels.packing(torch.float32, without) == kernels.STOCK
+    assert kernels.packing(torch.bfloat16, without) == kernels.STOCK
+    monkeypatch.undo()
+    if mkl_gemm.available():
+        assert kernels.packing(torch.float32, without) == kernels.MKL
+        assert kernels.packing(torch.bfloat16, real) == (kernels.ONEDNN if real.onednn_bf16 else kernels.STOCK)
