@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 
 import probe_mtp
 from probe_mtp import choice as auto
-from probe_mtp.choice import (PREPARED_BF16, PREPARED_FP32, REFERENCE_TAU, STOCK_FP32, AutoChoice, Candidate, Loader,
-                              choose, load_fastest, seconds_per_token)
+from probe_mtp.choice import (CONFIDENT_SHARE, CONFIDENT_TAU, PREPARED_BF16, PREPARED_FP32, STOCK_FP32, AutoChoice,
+                              Candidate, Loader, choose, load_fastest, seconds_per_token)
 from probe_mtp.cost import CostCurve
 from probe_mtp.kernels import Processor, processor
 from probe_mtp.optimize import AUTO_ATTRIBUTE
@@ -81,21 +81,27 @@ def auto_lines(caplog) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- the criterion
-def test_seconds_per_token_is_the_best_width_and_plain_decoding_is_the_floor():
-    assert seconds_per_token(FLAT_BF16) == pytest.approx((41.0 / 2.1 / 1e3, 16))
-    assert seconds_per_token(STEEP) == pytest.approx((52.0 / 1.6 / 1e3, 4))
-    very_steep = curve({1: 30.0, 2: 45.0, 4: 60.0, 8: 90.0, 16: 150.0, 32: 300.0})
-    assert seconds_per_token(very_steep) == pytest.approx((30.0 / 1e3, 1))  # no tree pays: plain decoding
-    assert list(REFERENCE_TAU) == [1, 2, 4, 8, 16, 32] and REFERENCE_TAU[1] == 1.0
+def test_seconds_per_token_mixes_plain_steps_with_confident_wide_ones_and_plain_decoding_is_the_floor():
+    """Most steps run a one-input pass; CONFIDENT_SHARE of them the width that suits the curve,
+    accepting CONFIDENT_TAU tokens: a curve whose one-input pass is dear pays on every step."""
+    assert CONFIDENT_SHARE == 0.3 and list(CONFIDENT_TAU) == [2, 4, 8, 16, 32]
+    assert seconds_per_token(STEEP) == pytest.approx(((0.7 * 34.0 + 0.3 * 69.0) / (0.7 + 0.3 * 3.0) / 1e3, 16))
+    assert seconds_per_token(FLAT_BF16) == pytest.approx(((0.7 * 32.0 + 0.3 * 41.0) / (0.7 + 0.3 * 3.0) / 1e3, 16))
+    very_steep = curve({1: 30.0, 2: 60.0, 4: 80.0, 8: 120.0, 16: 200.0, 32: 400.0})
+    assert seconds_per_token(very_steep) == pytest.approx((30.0 / 1e3, 1))  # no wide pass pays: plain decoding
+    # a flatter curve whose one-input pass costs 1.2x loses to a steep one (prepared float32 held to AVX2)
+    dear_one = curve({1: 49.7, 2: 50.4, 4: 55.6, 8: 61.4, 16: 78.2, 32: 107.3})
+    steep = curve({1: 41.2, 2: 64.1, 4: 66.1, 8: 71.8, 16: 86.9, 32: 112.0})
+    assert seconds_per_token(dear_one)[0] > seconds_per_token(steep)[0]
 
 
 def test_the_lowest_expected_time_wins_and_the_reason_names_every_candidate():
     found = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_BF16, FLAT_BF16),
                     Candidate(PREPARED_FP32, PACKED_FP32)], WHERE)
     assert found.name == PREPARED_BF16 and found.dtype == torch.bfloat16 and found.prepared
-    assert found.reason == ("expected 21.6 ms/token: decoding at N=16 (c(16) 41.0 ms / tau 2.1) and 2.0 ms reading 2 "
-                            "prompt tokens, against stock float32 36.1 ms/token (N=4), prepared float32 30.9 ms/token "
-                            "(N=8); Test CPU (AMX), 2 threads")
+    assert found.reason == ("expected 23.7 ms/token: decoding at c(1) 32.0 ms, 30% of steps at N=16 (c(16) 41.0 ms / "
+                            "tau 3.0) and 2.0 ms reading 2 prompt tokens, against stock float32 31.4 ms/token (N=16), "
+                            "prepared float32 28.4 ms/token (N=16); Test CPU (AMX), 2 threads")
     assert "\n" not in found.line()
     no_bf16 = choose([Candidate(STOCK_FP32, STEEP), Candidate(PREPARED_BF16, refused="oneDNN runs no bf16 here"),
                       Candidate(PREPARED_FP32, PACKED_FP32)], WHERE)
@@ -189,7 +195,7 @@ def test_a_model_optimize_refuses_stays_stock_float32_with_the_reason(tmp_path, 
     assert configuration(model) == STOCK_FP32 and model.dtype == torch.float32
     assert curves.measured == [STOCK_FP32] and moe.loads == [torch.float32]  # refused: not loaded again
     (line,) = auto_lines(caplog)
-    assert line.startswith("dtype auto: stock float32 (expected 36.1 ms/token: decoding at N=4")
+    assert line.startswith("dtype auto: stock float32 (expected 31.4 ms/token: decoding at c(1) 34.0 ms, 30% of steps at N=16")
     assert "prepared float32 not measured (Qwen3MoeForCausalLM computes with weights outside linear layers" in line
     assert "prepared bfloat16 not measured (Qwen3MoeForCausalLM computes with weights outside" in line
 
