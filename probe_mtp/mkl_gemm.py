@@ -89,7 +89,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
                          f"on {weight.device}")
     out_features, in_features = weight.shape
     size = functions.get_size(_B_MATRIX, PACK_ROWS, out_features, in_features)
-    packed = torch.empty(size, dtype=torch.uint8)
+    packed = torch.empty(size, dtype=torch.uint8, device=weight.device)
     functions.pack(_ROW_MAJOR, _B_MATRIX, _TRANS, PACK_ROWS, out_features, in_features, 1.0, weight.data_ptr(),
                    in_features, packed.data_ptr())
     return packed
@@ -100,7 +100,9 @@ def product(x2d: torch.Tensor, packed: torch.Tensor, out_features: int,
     """``x2d @ weight.T (+ bias)`` for float32 rows ``x2d`` (``[M, in]``, contiguous) and a weight
     packed by :func:`pack`; the bias is added after the product, row by row."""
     rows, in_features = x2d.shape
-    out = torch.empty(rows, out_features, dtype=torch.float32)
+    if x2d.dtype != torch.float32 or x2d.device.type != "cpu" or not x2d.is_contiguous():
+        raise ValueError(f"MKL multiplies contiguous float32 rows on the CPU, not {x2d.dtype} on {x2d.device}")
+    out = torch.empty(rows, out_features, dtype=torch.float32, device=x2d.device)
     if rows:
         _functions().compute(_ROW_MAJOR, _NO_TRANS, _PACKED, rows, out_features, in_features, x2d.data_ptr(),
                              in_features, packed.data_ptr(), in_features, 0.0, out.data_ptr(), out_features)

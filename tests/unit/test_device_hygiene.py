@@ -355,3 +355,15 @@ def test_sampling_at_once_draws_what_the_walk_draws():
     after_b = torch.rand(2)
     assert a[0].tolist() == b[0].tolist() and a[1] == b[1] and torch.equal(after_a, after_b)
     assert syncs.total == 1  # every draw read back at once
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_prepared_model_under_meta_is_its_own_generate(dtype):
+    """optimize's kernels (float32 packed once by MKL, bf16 for oneDNN) make every tensor they need on
+    the inputs' device: under a meta default device a product writing into a tensor made without one
+    would have no memory to write to."""
+    model = probe_mtp.optimize(build("llama").to(dtype), dtype, require_matrix_units=False)
+    ids = prompt(3)
+    expected = reference(model, ids)
+    out = on_meta(probe_mtp.generate, model, ids, max_new_tokens=NEW, cost_curve=CURVE)
+    assert torch.equal(out, expected)
