@@ -8,6 +8,7 @@ is.  Scripts that start an engine must guard their top level with ``if __name__ 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..loading import DEFAULT_MODEL, converted_copy, resolve_model_source
@@ -30,6 +31,20 @@ def model_folder(model: str | None = None) -> str:
     return str(path)
 
 
+def plugin_architecture(folder: str) -> str:
+    """The model plugin's class for the model in ``folder`` (its ``config.json`` ``architectures``)."""
+    from .plugin import architecture_for
+
+    config = Path(folder) / "config.json"
+    try:
+        names = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the architecture of {folder} ({exc})") from None
+    if not names:
+        raise ValueError(f"{config} names no architecture: the probe masks need the model plugin's class for it")
+    return architecture_for(names[0])
+
+
 def speculative_config(num_speculative_tokens: int = 8) -> dict:
     """vLLM's ``speculative_config`` for probe-mtp's proposer (:class:`probe_mtp.vllm.Proposer`):
     ``LLM(model, speculative_config=speculative_config())``; ``num_speculative_tokens`` caps each
@@ -47,17 +62,21 @@ def engine(model: str | None = None, *, speculative: dict | None = None, dtype: 
     """A ``vllm.LLM`` on ``model`` (see :func:`model_folder`) for greedy or sampled decoding on the
     CPU: eager mode (no compilation), statistics on (``llm.get_metrics()``), ``speculative`` as
     ``speculative_config``, ``proposer``: the probe-mtp proposer's options (checked here, before
-    the engine starts); ``kwargs`` go to ``vllm.LLM``."""
+    the engine starts; with ``num_masks`` >= 1 the model is served through the model plugin's class
+    for its architecture unless ``hf_overrides`` says otherwise); ``kwargs`` go to ``vllm.LLM``."""
     import vllm
 
     from .proposer import CONFIG_KEY, ProposerSettings
 
-    options = dict(model=model_folder(model), dtype=dtype, enforce_eager=True, max_num_seqs=max_num_seqs,
+    folder = model_folder(model)
+    options = dict(model=folder, dtype=dtype, enforce_eager=True, max_num_seqs=max_num_seqs,
                    max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_bytes, disable_log_stats=False,
                    seed=0)
     if proposer is not None:
-        ProposerSettings.from_options(proposer)
+        settings = ProposerSettings.from_options(proposer)
         options["additional_config"] = {CONFIG_KEY: dict(proposer)}
+        if settings.num_masks and "hf_overrides" not in kwargs:
+            options["hf_overrides"] = {"architectures": [plugin_architecture(folder)]}
     options.update(kwargs)
     if speculative is not None:
         options["speculative_config"] = speculative

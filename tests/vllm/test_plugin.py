@@ -59,3 +59,21 @@ def test_masks_through_vllm_keep_plain_vllms_tokens(plain_llm, masked_llm, promp
     assert greedy(masked_llm, prompt_ids[:4]) == greedy(plain_llm, prompt_ids[:4])
     (passes, placeholders), = masked_llm.apply_model(masks_seen)
     assert passes > 10 and len(placeholders) == 2
+
+
+def test_an_engine_with_masks_is_served_through_the_plugins_class(tmp_path):
+    """engine(proposer={"num_masks": k}) names the plugin's class for the folder's architecture
+    (what the bench's --vllm-proposer '{"num_masks": 2}' relies on); a folder that names none is a
+    clear error."""
+    import json
+
+    from probe_mtp.vllm.engine import plugin_architecture
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"]}))
+    assert plugin_architecture(str(tmp_path)) == "ProbeMtpGemma3ForCausalLM"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="no class for 'GPT2LMHeadModel'"):
+        plugin_architecture(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="names no architecture"):
+        plugin_architecture(str(tmp_path))
