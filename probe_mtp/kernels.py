@@ -247,8 +247,8 @@ def bucket_rows(rows: int, most: int = MOST_ROWS, least: int = 2) -> int:
 # differ between widths, and run in blocks
 PLANS = (RowPlan(0), RowPlan(0, MOST_ROWS_LARGE), RowPlan(16), RowPlan(32))
 # MKL's packed float32 product (probe_mtp.mkl_gemm) first without padding a lone row: measured here it
-# sums a row of any width alike, except SmolLM2's 49152-row output layer held to AVX2, whose calls of
-# 1-2 rows sum in another order than wider ones (so its lone rows are padded to 4 or 8)
+# sums a row of any width alike, except held to AVX2, where the output layers and most of Gemma 3's
+# layers sum calls of 1-7 rows in another order than wider ones (their lone rows are padded to 8)
 MKL_PLANS = (RowPlan(0, least=1), RowPlan(0, least=4), RowPlan(0, least=8), RowPlan(0, MOST_ROWS_LARGE, least=4),
              RowPlan(16), RowPlan(32))
 
@@ -381,11 +381,6 @@ def onednn_kernel(packed: torch.Tensor, bias: torch.Tensor | None):
     return kernel
 
 
-def mkl_available() -> bool:
-    """Whether this torch multiplies float32 with weights packed once by MKL (:mod:`probe_mtp.mkl_gemm`)."""
-    return mkl_gemm.available()
-
-
 def mkl_kernel(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None):
     """A float32 product with a weight packed once by MKL (:func:`probe_mtp.mkl_gemm.pack`)."""
 
@@ -462,7 +457,7 @@ def packing(dtype: torch.dtype, cpu: "Processor | None" = None) -> str:
     the stock product at every width from 1 to 32 rows), else by oneDNN where it runs the dtype,
     else not at all."""
     cpu = cpu or processor()
-    if dtype == torch.float32 and mkl_available():
+    if dtype == torch.float32 and mkl_gemm.available():
         return MKL
     return ONEDNN if cpu.packs(dtype) else STOCK
 
@@ -558,10 +553,6 @@ class PackedLinear(nn.Module):
 
     def weight_bytes(self) -> int:
         return self.out_features * self.in_features * self.dtype.itemsize
-
-    def pack_bytes(self) -> int:
-        """Bytes of the copy of the weight MKL packed (0 before the first product)."""
-        return 0 if self.mkl_pack is None else self.mkl_pack.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -40,7 +40,7 @@ if not ONEDNN_BF16:
 # this torch has MKL (what optimize takes for float32 there)
 FLOAT32_PACKINGS = [pytest.param(kind, id=kind) for kind in (kernels.ONEDNN, kernels.MKL, kernels.STOCK)
                     if (kind != kernels.ONEDNN or kernels.processor().packs(torch.float32))
-                    and (kind != kernels.MKL or kernels.mkl_available())]
+                    and (kind != kernels.MKL or mkl_gemm.available())]
 
 
 class Module:
@@ -91,15 +91,15 @@ def test_float32_linear_row_of_any_width_equals_the_one_row_product(out_features
     _check_row_invariance(out_features, in_features, pack, torch.float32)
 
 
-@pytest.mark.skipif(not kernels.mkl_available(), reason="this torch has no MKL packed product")
+@pytest.mark.skipif(not mkl_gemm.available(), reason="this torch has no MKL packed product")
 def test_mkl_layer_packs_once_at_its_first_product_and_copies_and_moves_like_a_plain_one():
     weight, bias = _bf16(96, 64, seed=30, dtype=torch.float32), _bf16(96, seed=31, dtype=torch.float32)
     layer = PackedLinear(weight, bias, RowPlans(), pack=kernels.MKL, dtype=torch.float32)
-    assert layer.kind == kernels.MKL and layer.plain.data_ptr() == weight.data_ptr() and layer.pack_bytes() == 0
+    assert layer.kind == kernels.MKL and layer.plain.data_ptr() == weight.data_ptr() and layer.mkl_pack is None
     x = _bf16(40, 64, seed=32, dtype=torch.float32)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])])  # the first product checks the plan
     packed = layer.mkl_pack
-    assert packed is not None and layer.pack_bytes() > 0
+    assert packed is not None and packed.numel() > 0
     assert torch.allclose(alone, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
     assert torch.equal(layer(x[:3]), alone[:3]) and torch.equal(layer(x), alone) and layer.mkl_pack is packed
     # a copy packs again where it lives (a packed buffer is valid only where MKL wrote it)
@@ -110,12 +110,12 @@ def test_mkl_layer_packs_once_at_its_first_product_and_copies_and_moves_like_a_p
     layer.load_state_dict({"weight": weight * 2, "bias": bias})
     assert torch.allclose(layer(x), F.linear(x, weight * 2, bias), rtol=1e-5, atol=1e-5)
     layer.to(torch.bfloat16)  # another dtype: a plain stock layer there
-    assert layer.kind == kernels.STOCK and layer.pack_bytes() == 0
+    assert layer.kind == kernels.STOCK and layer.mkl_pack is None
     with pytest.raises(ValueError, match="cannot compute as 'MKL'"):
         PackedLinear(weight, bias, RowPlans(), pack=kernels.MKL, dtype=torch.bfloat16)
 
 
-@pytest.mark.skipif(not kernels.mkl_available(), reason="this torch has no MKL packed product")
+@pytest.mark.skipif(not mkl_gemm.available(), reason="this torch has no MKL packed product")
 @pytest.mark.parametrize("rows", [0, 1, 2, 7, 64, 65])
 def test_mkl_packed_product_matches_the_stock_one(rows):
     """One copy packed for PACK_ROWS rows multiplies any row count (MKL's format checked by value)."""

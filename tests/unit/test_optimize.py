@@ -17,7 +17,7 @@ import transformers
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import probe_mtp
-from probe_mtp import kernels
+from probe_mtp import kernels, mkl_gemm
 from probe_mtp.kernels import EXACT_ATTENTION, PackedLinear, Processor
 from probe_mtp.optimize import OptimizeError, _check_can_optimize, weight_bytes
 
@@ -244,7 +244,7 @@ def test_float32_is_a_dtype_like_bf16():
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert all(m.dtype == torch.float32 and m.kind == kernels.packing(torch.float32) for m in layers)
     assert probe_mtp.describe(model).startswith("float32, on cpu (")
-    if kernels.mkl_available():  # packed once by MKL: no repacking at calls of two rows or more
+    if mkl_gemm.available():  # packed once by MKL: no repacking at calls of two rows or more
         assert "linear weights packed once by MKL" in probe_mtp.describe(model)
     gen = torch.Generator().manual_seed(6)
     one, wide = _passes(model, torch.randint(1, 256, (1, 30), generator=gen), torch.randint(1, 256, (1, 24), generator=gen))
