@@ -24,9 +24,11 @@ the corpus of earlier requests (:mod:`probe_mtp.corpus`: the longest match of an
 is grown a token at a time from the better-rated of the two sources' next tokens.  Every proposal
 falls into a cell (source, match length, vote share); acceptance counts per cell are kept twice: for
 all requests (the memory's calibration, the prior) and for the request itself (smoothed towards the
-former).  The chain stops where the estimated probability that every one of its tokens is accepted
-falls below ``min_probability``, so a request whose drafts fail soon drafts nothing, and costs what
-plain decoding costs.
+former).  A chain ends where the estimated probability that every one of its tokens is accepted
+falls below ``min_probability``; then the batch's chains are cut where a further token would not pay
+for the time it adds to the engine step (:mod:`probe_mtp.vllm.step_cost`: the proposer times vLLM's
+steps against the tokens they verify).  So a request whose drafts fail soon drafts nothing, and
+costs what plain decoding costs.
 
 Options (``LLM(..., additional_config={"probe_mtp": {...}})``): see :class:`ProposerSettings`.
 This module does not import vLLM (the class only reads the config's attributes).
@@ -34,6 +36,7 @@ This module does not import vLLM (the class only reads the config's attributes).
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, fields
@@ -44,12 +47,14 @@ from ..drafters.calibration import AcceptanceCalibrator
 from ..drafters.context_match import ContextIndex
 from ..drafters.hybrid import CORPUS_LENGTH_EDGES, CORPUS_MIN_MATCH, CORPUS_WIDTH, default_priors
 from ..memory import DEFAULT_MEMORY_MB, DraftingMemory
+from .step_cost import StepCosts, cut_chains
 
 CONFIG_KEY = "probe_mtp"  # the proposer's entry in VllmConfig.additional_config
 SOURCES = ("ngram", "corpus", "mask")
 PROB_EDGES = (0.1, 0.3, 0.6, 0.9)  # the mask cells' probability buckets (as the hybrid drafter's)
 HEAD = 16  # a request is recognised by its first tokens and its length
 CORPUS_WINDOW = 64  # after the corpus changed, a request's match is read again from its last tokens
+DRIFT_PRIOR = 2.0  # the request's drift (right / estimated draft tokens) starts as this many tokens at 1
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,15 @@ class ProposerSettings:
     ``memory_mb``: the cross-request memory's cap (corpus and acceptance counts), 0 keeps no corpus;
     ``max_ngram``: the longest context n-gram looked up; ``min_probability``: a chain ends before the
     token at which the estimated probability that the whole chain up to it is accepted falls below
-    this; ``prior_strength``: the weight, in proposals, of the prior a request's own counts start
-    from; ``max_requests``: requests followed at once (the oldest unseen ones are let go)."""
+    this; ``step_cost``: cut the chains further where a token would not pay for the step time it
+    adds (measured, :mod:`probe_mtp.vllm.step_cost`; False: ``min_probability`` alone);
+    ``prior_strength``: the weight, in proposals, of the prior a request's own counts start from;
+    ``max_requests``: requests followed at once (the oldest unseen ones are let go)."""
 
     memory_mb: float = DEFAULT_MEMORY_MB
     max_ngram: int = 4
-    min_probability: float = 0.3
+    min_probability: float = 0.02
+    step_cost: bool = True
     prior_strength: float = 4.0
     max_requests: int = 1024
     num_masks: int = 0
@@ -101,6 +109,8 @@ class ProposerSettings:
         number("min_probability", self.min_probability)
         if not 0 < self.min_probability <= 1:
             raise ValueError(f"min_probability must be in (0, 1], got {self.min_probability!r}")
+        if not isinstance(self.step_cost, bool):
+            raise ValueError(f"step_cost must be true or false, got {self.step_cost!r}")
         number("prior_strength", self.prior_strength)
         if not self.prior_strength > 0:
             raise ValueError(f"prior_strength must be > 0, got {self.prior_strength!r}")
@@ -124,18 +134,21 @@ def _share_bucket(share: float) -> int:
 class _Request:
     """What the proposer knows of one running request."""
 
-    __slots__ = ("context", "calibrator", "draft", "cells", "corpus_match", "corpus_version", "drafted", "accepted",
-                 "masks", "mask_positions", "mask_candidates")
+    __slots__ = ("context", "calibrator", "draft", "cells", "estimates", "corpus_match", "corpus_version", "drafted",
+                 "accepted", "predicted", "right", "masks", "mask_positions", "mask_candidates")
 
     def __init__(self, max_ngram: int, priors, strength: float):
         self.context = ContextIndex(max_ngram)  # also holds the request's tokens
         self.calibrator = AcceptanceCalibrator(priors, strength)
         self.draft: list[int] = []  # proposed at the last step
         self.cells: list[tuple[int, int]] = []  # (source, cell) of each draft token
+        self.estimates: list[float] = []  # each draft token's estimated acceptance (given the ones before)
         self.corpus_match = (0, 0)
         self.corpus_version = None
         self.drafted = 0
         self.accepted = 0
+        self.predicted = 0.0  # over the request's tested draft tokens: the estimates' sum
+        self.right = 0  # and how many were right
         self.masks = None  # the request's probe mask vectors (probe_mtp.masks.MaskVectors), with masks on
         self.mask_positions: list[tuple[int, int]] = []  # (position, slot) of the masks sent last step
         self.mask_candidates: list[tuple[int, float]] = []  # per depth: a mask's top token, its probability
@@ -168,7 +181,10 @@ class Proposer:
                                                  self.settings.prior_strength)
         self._requests: OrderedDict[tuple, _Request] = OrderedDict()
         self.stats = {"requests": 0, "finished": 0, "steps": 0, "drafted": 0, "accepted": 0, "mask_drafts": 0,
-                      "placeholder_hits": 0}
+                      "placeholder_hits": 0, "timed_steps": 0}
+        self.step_costs = StepCosts()
+        self.clock = time.perf_counter  # the step timer (a replay or a test may set another)
+        self._last_step: tuple[float, int, int] | None = None  # (start, rows, tokens verified) of the last call
         self.slots = None  # the model plugin's MaskSlots, with num_masks >= 1
         self._embed = None
         self._tuned = None
@@ -195,16 +211,19 @@ class Proposer:
     # ------------------------------------------------------------------ vLLM's call
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list[list[int]]:
         """Draft tokens for every row of the batch (see the module docstring)."""
+        now = self.clock()
         rows = len(sampled_token_ids)
         lengths = np.asarray(num_tokens_no_spec[:rows], dtype=np.int64)
         predicted = self._mask_outputs()
         found: list[tuple[tuple, _Request] | None] = [None] * rows
         following: OrderedDict[tuple, _Request] = OrderedDict()
+        decoding_only = True  # every row continued a request from the last step with its decoded tokens
         for i, sampled in enumerate(sampled_token_ids):
             length = int(lengths[i])
             row = token_ids_cpu[i]
             key = (tuple(row[: min(HEAD, length)].tolist()), length)
             if not sampled:  # a row in prefill (or discarded this step): nothing to draft
+                decoding_only = False
                 if key in self._requests:
                     following[key] = self._requests.pop(key)
                 continue
@@ -215,6 +234,7 @@ class Proposer:
                 self._learn(request, committed)
                 self._read_masks(request, committed, predicted)
             else:
+                decoding_only = False
                 request = _Request(self.settings.max_ngram, self._priors, self.settings.prior_strength)
                 self.memory.begin_request()
                 self.stats["requests"] += 1
@@ -222,22 +242,46 @@ class Proposer:
             request.context.extend(row[:length])
             following[key] = request
             found[i] = (key, request)
+        decoding_only = decoding_only and not self._requests  # (a request that left ended this step)
         for request in self._requests.values():  # not in the batch any more: finished (or preempted)
             self._finish(request)
         self._requests = following
         while len(self._requests) > self.settings.max_requests:
             self._finish(self._requests.popitem(last=False)[1])
         self.stats["steps"] += 1
-        drafts = []
-        for i in range(rows):
-            if found[i] is None:
+        if decoding_only and self._last_step is not None and self._last_step[1] == rows:
+            self.step_costs.record(self._last_step[2], now - self._last_step[0])
+            self.stats["timed_steps"] += 1
+        drafts = self._drafts(found, lengths)
+        self._last_step = (now, rows, sum(1 + len(d) for d, f in zip(drafts, found) if f is not None))
+        return drafts
+
+    def _drafts(self, found, lengths) -> list[list[int]]:
+        """Every row's chain (then its mask placeholders), the chains cut by the step's cost."""
+        chains, probabilities, masks = [], [], []
+        for i, row in enumerate(found):
+            if row is None:
+                chains.append(None)
+                continue
+            room = self.k if self.max_model_len is None else min(self.k, self.max_model_len - int(lengths[i]) - 1)
+            masks.append(self.settings.num_masks if self.slots is not None and room > self.settings.num_masks else 0)
+            chains.append(row[1])
+            probabilities.append(self._draft(row[1], room - masks[-1]))
+        line = self.step_costs.line() if self.settings.step_cost else None
+        if line is not None:
+            keep = cut_chains(probabilities, *line, base=len(probabilities) + sum(masks))
+        else:
+            keep = [len(p) for p in probabilities]
+        drafts, n = [], 0
+        for i, request in enumerate(chains):
+            if request is None:
                 drafts.append([])
                 continue
-            request = found[i][1]
-            room = self.k if self.max_model_len is None else min(self.k, self.max_model_len - int(lengths[i]) - 1)
-            masks = self.settings.num_masks if self.slots is not None and room > self.settings.num_masks else 0
-            chain = self._draft(request, room - masks)
-            drafts.append(chain + self._arm_masks(request, int(lengths[i]), len(chain), masks))
+            del request.draft[keep[n]:], request.cells[keep[n]:], request.estimates[keep[n]:]
+            self.stats["mask_drafts"] += sum(source == 2 for source, _ in request.cells)
+            chain = list(request.draft)
+            drafts.append(chain + self._arm_masks(request, int(lengths[i]), len(chain), masks[n]))
+            n += 1
         return drafts
 
     # ------------------------------------------------------------------ the probe (model plugin)
@@ -320,10 +364,16 @@ class Proposer:
         cells = np.arange(prior.size)
         return request.calibrator.estimate(source, cells, prior=prior).tolist()
 
-    def _draft(self, request: _Request, room: int) -> list[int]:
-        request.draft, request.cells = [], []
+    def _draft(self, request: _Request, room: int) -> list[float]:
+        """The request's chain (in ``request.draft``, each token's cell in ``request.cells``) and,
+        per token, the estimated probability that the chain up to it is accepted."""
+        request.draft, request.cells, request.estimates = [], [], []
+        path = []
+        # the request's own drift: where its tested drafts were right less often than estimated (text
+        # that repeats and is not followed), every estimate is scaled down by as much
+        drift = min(1.0, (request.right + DRIFT_PRIOR) / (request.predicted + DRIFT_PRIOR))
         if room < 1:
-            return []
+            return path
         ngram_p = self._estimates(request, "ngram")
         corpus_p = self._estimates(request, "corpus")
         mask_p = self._estimates(request, "mask")
@@ -352,17 +402,18 @@ class Proposer:
                 cell = depth * (len(PROB_EDGES) + 1) + bisect_right(PROB_EDGES, prob)
                 if cell < len(mask_p) and (best is None or mask_p[cell] > best[0]):
                     best = (mask_p[cell], int(token), 2, cell)
-            if best is None or path_p * best[0] < self.settings.min_probability:
+            if best is None or path_p * best[0] * drift < self.settings.min_probability:
                 break
             p, token, source, cell = best
-            path_p *= p
+            path_p *= p * drift
+            path.append(path_p)
+            request.estimates.append(p)
             request.draft.append(token)
             request.cells.append((source, cell))
-            self.stats["mask_drafts"] += source == 2
             tail = (tail + [token])[-self.settings.max_ngram:]
             if match is not None:
                 match = automaton.advance(match[0], match[1], token)
-        return list(request.draft)
+        return path
 
     # ------------------------------------------------------------------ learning
     def _learn(self, request: _Request, committed: list[int]) -> None:
@@ -380,6 +431,8 @@ class Proposer:
             if not hits[-1]:
                 break
         accepted = sum(hits)
+        request.predicted += sum(request.estimates[: len(hits)])
+        request.right += accepted
         request.drafted += len(draft)
         request.accepted += accepted
         self.stats["drafted"] += len(draft)
