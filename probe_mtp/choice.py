@@ -80,9 +80,10 @@ CHOICE_SIZES = (1, *CONFIDENT_TAU, PREFILL_WIDTH)
 # prepared float32 looked faster than it decodes
 CHOICE_CONTEXT = 384
 CHOICE_ROUNDS = 3
-# 4: prepared float32 packed once by MKL, steps credited as a mix, 384-token cache; 3: prompts
-# charged; 2: bf16 measured without bf16 units too
-CHOICE_FORMAT = "probe-mtp-dtype-choice/4"
+# 5: prepared bf16's lone rows unpadded where the row check allows; 4: prepared float32 packed once
+# by MKL, steps credited as a mix, 384-token cache; 3: prompts charged; 2: bf16 measured without bf16
+# units too
+CHOICE_FORMAT = "probe-mtp-dtype-choice/5"
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,10 @@ CURVE_CONTEXT = 128
 LONG_CONTEXT = 1024
 CACHE_ENV = "PROBE_MTP_CACHE_DIR"
 SLOW_TOLERANCE = 0.05
-# 4: the output layer timed alone by rows, passes timed with it padded (3: a second row at a long
+# 5: a prepared model's lone rows no longer padded to two where the row check allows; 4: the output
+# layer timed alone by rows, passes timed with it padded (3: a second row at a long
 # context; 2: one row, fastest of 3 rounds; 1: median of 2)
-FORMAT_VERSION = "probe-mtp-cost-curve/4"
+FORMAT_VERSION = "probe-mtp-cost-curve/5"
 # a kept curve is checked at these widths when read; one slower there than this many times a pass
 # timed now was measured on a busier machine (noise only adds time) and is measured again
 CHECK_SIZES = (1, 8)

@@ -18,8 +18,8 @@ not assumed, on whatever device the model is on; the dtype is a parameter throug
   Every kernel picks its algorithm from the product's shape: measured on an AMD EPYC
   (AVX512-BF16), a one-row oneDNN product sums in another order than products of 2 to 1500 rows,
   and MKL's float32 product here differs between widths.  How rows reach the kernel
-  (:class:`RowPlan`: each call padded to one of a few widths, a lone row to two, or fixed blocks
-  of rows) is chosen per weight shape, kernel, dtype, device and thread count by
+  (:class:`RowPlan`: each call padded to one of a few widths, a lone row left alone where the
+  check allows or padded to two, or fixed blocks of rows) is chosen per weight shape, kernel, dtype, device and thread count by
   :func:`choose_row_plan`, which compares every width a call can have with the one-row
   computation bit for bit, on that device, before the plan is used.
 - :func:`exact_attention` (registered with transformers' ``AttentionInterface`` as
@@ -204,8 +204,8 @@ def math_settings(device: torch.device) -> tuple:
 @dataclass(frozen=True)
 class RowPlan:
     """How the rows of a product reach the kernel.  ``block`` 0: each call zero-padded to the next
-    of a few widths (:func:`bucket_rows`; a lone row becomes two, because the one-row kernel sums
-    in another order); ``block`` B: always in calls of exactly B rows, zero-padded.  ``most``: the
+    of a few widths (:func:`bucket_rows`; by default a lone row becomes two, for kernels whose
+    one-row product sums in another order); ``block`` B: always in calls of exactly B rows, zero-padded.  ``most``: the
     most rows one call may hold (longer inputs are cut into calls of at most that many).
     ``least``: under the padding plan, the fewest rows a call holds (a lone row is padded to it)."""
 
@@ -241,11 +241,16 @@ def bucket_rows(rows: int, most: int = MOST_ROWS, least: int = 2) -> int:
     return min(-(-rows // step) * step, most)
 
 
-# tried in this order; a plan's ``most`` is lowered to the weight's (see most_rows).  Measured here
-# (Xeon, AMX, 2 threads): packed bf16 down projections sum in another order from 160 rows on, so
-# calls of at most 128 rows keep the padding plan; MKL's float32 product and the stock bf16 product
-# differ between widths, and run in blocks
-PLANS = (RowPlan(0), RowPlan(0, MOST_ROWS_LARGE), RowPlan(16), RowPlan(32))
+# tried in this order; a plan's ``most`` is lowered to the weight's (see most_rows).  A lone row
+# first goes to the kernel as it is: measured on the Xeon (AMX, and held to AVX2, 2 threads) packed
+# bf16 products sum a row alike at 1 row and at every width the check tries, and the one-row call
+# is cheaper (a prepared SmolLM2 pass over one input 45.0 -> 42.0 ms with AMX, 54.5 -> 44.4 ms held
+# to AVX2); on the AVX512-BF16 EPYC the one-row product sums in another order, and the plans that
+# pad it to two follow.  Packed bf16 down projections sum in another order from 160 rows on there,
+# so calls of at most 128 rows come next; MKL's float32 product and the stock bf16 product differ
+# between widths, and run in blocks
+PLANS = (RowPlan(0, least=1), RowPlan(0, MOST_ROWS_LARGE, least=1), RowPlan(0), RowPlan(0, MOST_ROWS_LARGE),
+         RowPlan(16), RowPlan(32))
 # MKL's packed float32 product (probe_mtp.mkl_gemm) first without padding a lone row: measured here it
 # sums a row of any width alike, except held to AVX2, where the output layers and most of Gemma 3's
 # layers sum calls of 1-7 rows in another order than wider ones (their lone rows are padded to 8)

@@ -517,3 +517,19 @@ def test_float32_packing_falls_back_to_onednn_then_the_stock_product_without_mkl
     if mkl_gemm.available():
         assert kernels.packing(torch.float32, without) == kernels.MKL
         assert kernels.packing(torch.bfloat16, real) == (kernels.ONEDNN if real.onednn_bf16 else kernels.STOCK)
+
+
+def test_a_lone_row_goes_unpadded_where_the_kernel_sums_it_alike():
+    """The bf16 plans first leave a lone row as it is (one row costs less than two: measured on the
+    Xeon); a kernel that sums every row alike at every width keeps that plan, one whose one-row path
+    differs falls back to padding the lone row to two."""
+    weight = _bf16(64, 256, seed=7)
+    columns = lambda positions: weight[:, positions].t()  # noqa: E731
+    alike = lambda x2d: (x2d.double()[:, None, :] * weight.double()[None]).sum(-1).to(torch.bfloat16)  # noqa: E731
+    plans = kernels.plans_for(64, 256)
+    assert plans[0] == RowPlan(0, 512, least=1) and plans[0].widths()[:2] == (1, 2)
+    assert choose_row_plan(alike, 64, 256, weight_columns=columns) == RowPlan(0, 512, least=1)
+    calls = []
+    run_rows(lambda x: calls.append(x.shape[0]) or x, weight[:1].float(), plans[0])
+    assert calls == [1]
+    assert choose_row_plan(_one_row_path_differs(weight), 64, 256, weight_columns=columns) == RowPlan(0, 512)
