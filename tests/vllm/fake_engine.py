@@ -19,9 +19,17 @@ def vllm_config(k: int = 8, max_model_len: int = 512, max_num_seqs: int = 8, **o
     )
 
 
+STEP_COST = 0.03  # a verified draft token's share of a step's time (vLLM's CPU backend, SmolLM2)
+
+
 class FakeRunner:
+    """``proposer.clock`` is set to the runner's simulated time (each step costs one unit plus
+    ``STEP_COST`` per verified token), so the proposer's step-cost cut, and every count a test
+    asserts, is the same on every run."""
+
     def __init__(self, proposer, model, max_model_len: int = 512, rows: int = 8, adversary: bool = False):
         self.proposer = proposer
+        proposer.clock = lambda: self.passes + STEP_COST * self.positions
         self.model = model  # context (list of ints) -> next token
         self.adversary = adversary  # the model never takes the first draft token (another one of the model's)
         self.buffer = np.zeros((rows, max_model_len), dtype=np.int32)

@@ -53,7 +53,7 @@ def test_finished_requests_enter_the_corpus_and_draft_the_next_request():
     runner = FakeRunner(proposer, lambda ctx: story[len(ctx)] if len(ctx) < len(story) else 1)
     runner.add(story[:20], 200)
     runner.run()
-    assert proposer.stats["drafted"] <= 10  # random text: next to nothing to draft from its own context
+    assert proposer.stats["drafted"] <= 16  # random text, 200 steps: next to nothing drafted from its own context
     assert proposer.memory.summary()["corpus_documents"] == 1
     runner.add(story[:20], 200)  # the same request again: the corpus holds its continuation
     passes = runner.passes
