@@ -19,9 +19,9 @@ not assumed, on whatever device the model is on; the dtype is a parameter throug
   (AVX512-BF16), a one-row oneDNN product sums in another order than products of 2 to 1500 rows,
   and MKL's float32 product here differs between widths.  How rows reach the kernel
   (:class:`RowPlan`: each call padded to one of a few widths, a lone row left alone where the
-  check allows or padded to two, or fixed blocks of rows) is chosen per weight shape, kernel, dtype, device and thread count by
-  :func:`choose_row_plan`, which compares every width a call can have with the one-row
-  computation bit for bit, on that device, before the plan is used.
+  check allows or padded to two, or fixed blocks of rows) is chosen per weight shape, kernel,
+  dtype, device and thread count by :func:`choose_row_plan`, which compares every width a call
+  can have with the one-row computation bit for bit, on that device, before the plan is used.
 - :func:`exact_attention` (registered with transformers' ``AttentionInterface`` as
   :data:`EXACT_ATTENTION`): scores, softmax and the weighted sum of values in float64, rounded
   once to the model's dtype.  The products of bf16 queries and keys are exact in float64 and
@@ -205,8 +205,8 @@ def math_settings(device: torch.device) -> tuple:
 class RowPlan:
     """How the rows of a product reach the kernel.  ``block`` 0: each call zero-padded to the next
     of a few widths (:func:`bucket_rows`; by default a lone row becomes two, for kernels whose
-    one-row product sums in another order); ``block`` B: always in calls of exactly B rows, zero-padded.  ``most``: the
-    most rows one call may hold (longer inputs are cut into calls of at most that many).
+    one-row product sums in another order); ``block`` B: always in calls of exactly B rows,
+    zero-padded.  ``most``: the most rows one call may hold (longer inputs are cut into calls of at most that many).
     ``least``: under the padding plan, the fewest rows a call holds (a lone row is padded to it)."""
 
     block: int = 0

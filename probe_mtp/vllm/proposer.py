@@ -135,7 +135,7 @@ class _Request:
     """What the proposer knows of one running request."""
 
     __slots__ = ("context", "calibrator", "draft", "cells", "estimates", "corpus_match", "corpus_version", "drafted",
-                 "accepted", "predicted", "right", "masks", "mask_positions", "mask_candidates")
+                 "accepted", "predicted", "masks", "mask_positions", "mask_candidates")
 
     def __init__(self, max_ngram: int, priors, strength: float):
         self.context = ContextIndex(max_ngram)  # also holds the request's tokens
@@ -147,8 +147,7 @@ class _Request:
         self.corpus_version = None
         self.drafted = 0
         self.accepted = 0
-        self.predicted = 0.0  # over the request's tested draft tokens: the estimates' sum
-        self.right = 0  # and how many were right
+        self.predicted = 0.0  # the estimates' sum over its tested draft tokens (``accepted`` of them were right)
         self.masks = None  # the request's probe mask vectors (probe_mtp.masks.MaskVectors), with masks on
         self.mask_positions: list[tuple[int, int]] = []  # (position, slot) of the masks sent last step
         self.mask_candidates: list[tuple[int, float]] = []  # per depth: a mask's top token, its probability
@@ -258,30 +257,23 @@ class Proposer:
 
     def _drafts(self, found, lengths) -> list[list[int]]:
         """Every row's chain (then its mask placeholders), the chains cut by the step's cost."""
-        chains, probabilities, masks = [], [], []
-        for i, row in enumerate(found):
-            if row is None:
-                chains.append(None)
-                continue
+        live = [(i, row[1]) for i, row in enumerate(found) if row is not None]
+        masks, probabilities = [], []
+        for i, request in live:
             room = self.k if self.max_model_len is None else min(self.k, self.max_model_len - int(lengths[i]) - 1)
             masks.append(self.settings.num_masks if self.slots is not None and room > self.settings.num_masks else 0)
-            chains.append(row[1])
-            probabilities.append(self._draft(row[1], room - masks[-1]))
+            probabilities.append(self._draft(request, room - masks[-1]))
         line = self.step_costs.line() if self.settings.step_cost else None
         if line is not None:
-            keep = cut_chains(probabilities, *line, base=len(probabilities) + sum(masks))
+            keep = cut_chains(probabilities, *line, base=len(live) + sum(masks))
         else:
             keep = [len(p) for p in probabilities]
-        drafts, n = [], 0
-        for i, request in enumerate(chains):
-            if request is None:
-                drafts.append([])
-                continue
-            del request.draft[keep[n]:], request.cells[keep[n]:], request.estimates[keep[n]:]
+        drafts: list[list[int]] = [[] for _ in found]
+        for (i, request), kept, mask_count in zip(live, keep, masks):
+            del request.draft[kept:], request.cells[kept:], request.estimates[kept:]
             self.stats["mask_drafts"] += sum(source == 2 for source, _ in request.cells)
             chain = list(request.draft)
-            drafts.append(chain + self._arm_masks(request, int(lengths[i]), len(chain), masks[n]))
-            n += 1
+            drafts[i] = chain + self._arm_masks(request, int(lengths[i]), len(chain), mask_count)
         return drafts
 
     # ------------------------------------------------------------------ the probe (model plugin)
@@ -371,7 +363,7 @@ class Proposer:
         path = []
         # the request's own drift: where its tested drafts were right less often than estimated (text
         # that repeats and is not followed), every estimate is scaled down by as much
-        drift = min(1.0, (request.right + DRIFT_PRIOR) / (request.predicted + DRIFT_PRIOR))
+        drift = min(1.0, (request.accepted + DRIFT_PRIOR) / (request.predicted + DRIFT_PRIOR))
         if room < 1:
             return path
         ngram_p = self._estimates(request, "ngram")
@@ -432,7 +424,6 @@ class Proposer:
                 break
         accepted = sum(hits)
         request.predicted += sum(request.estimates[: len(hits)])
-        request.right += accepted
         request.drafted += len(draft)
         request.accepted += accepted
         self.stats["drafted"] += len(draft)

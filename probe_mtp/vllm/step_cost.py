@@ -31,10 +31,21 @@ class StepCosts:
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
         self.prior_slope = prior_slope
         self.prior_weight = prior_weight
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # over the samples: x, y, x*x, x*y (kept as they come and go)
 
     def record(self, tokens: int, seconds: float) -> None:
         if tokens >= 1 and seconds > 0:
+            if len(self.samples) == self.samples.maxlen:
+                self._add(*self.samples[0], sign=-1.0)
             self.samples.append((int(tokens), float(seconds)))
+            self._add(int(tokens), float(seconds), sign=1.0)
+
+    def _add(self, x: int, y: float, sign: float) -> None:
+        sums = self._sums
+        sums[0] += sign * x
+        sums[1] += sign * y
+        sums[2] += sign * x * x
+        sums[3] += sign * x * y
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -45,10 +56,10 @@ class StepCosts:
         n = len(self.samples)
         if not n:
             return None
-        mean_x = sum(x for x, _ in self.samples) / n
-        mean_y = sum(y for _, y in self.samples) / n
-        sxx = sum((x - mean_x) ** 2 for x, _ in self.samples)
-        sxy = sum((x - mean_x) * (y - mean_y) for x, y in self.samples)
+        sum_x, sum_y, sum_xx, sum_xy = self._sums
+        mean_x, mean_y = sum_x / n, sum_y / n
+        sxx = max(0.0, sum_xx - sum_x * mean_x)  # exact: the token counts are small integers
+        sxy = sum_xy - sum_x * mean_y
         prior = self.prior_slope * mean_y
         slope = max(0.0, (sxy + self.prior_weight * prior) / (sxx + self.prior_weight))
         return max(mean_y - slope * mean_x, 1e-9), slope
