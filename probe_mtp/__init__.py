@@ -7,6 +7,7 @@ from .generate import custom_generate, decoder_for, generate
 from .loading import EMBEDDED_MODELS, load_model
 from .optimize import OptimizeError, describe, is_optimized, optimize
 from .version import __version__
+from .wide import PackWideError, is_packed_wide, pack_wide, unpack_wide
 
 __all__ = [
     "ProbeConfig",
@@ -22,5 +23,9 @@ __all__ = [
     "is_optimized",
     "describe",
     "OptimizeError",
+    "pack_wide",
+    "unpack_wide",
+    "is_packed_wide",
+    "PackWideError",
     "__version__",
 ]

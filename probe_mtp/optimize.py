@@ -43,6 +43,7 @@ from .kernels import (
     packing,
     processor,
 )
+from .wide import wide_layers
 
 PREPARED_ATTRIBUTE = "_probe_mtp_prepared"
 AUTO_ATTRIBUTE = "_probe_mtp_auto"  # what dtype="auto" chose for a model (probe_mtp.choice.AutoChoice)
@@ -88,7 +89,10 @@ def describe(model) -> str:
     checked on first use there); for a model ``dtype="auto"`` loaded, also what it chose and why."""
     record = model.__dict__.get(PREPARED_ATTRIBUTE)
     if not isinstance(record, Prepared):
-        return f"{_name(model.dtype)}, stock kernels, {_attention(model)} attention" + _auto_note(model)
+        packed = wide_layers(model)
+        kernels = (f"stock one-row products, products of 2+ rows with the weights of {packed} linear layers packed "
+                   "once by MKL (probe_mtp.pack_wide)" if packed else "stock kernels")
+        return f"{_name(model.dtype)}, {kernels}, {_attention(model)} attention" + _auto_note(model)
     return ", ".join([_name(model.dtype), _where(model, record), _linear_kernels(model, record),
                       _attention_state(model)]) + _auto_note(model)
 

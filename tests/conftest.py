@@ -101,6 +101,28 @@ def gemma3_fp32_prepared(gemma3):
     return prepared_copy(gemma3, torch.float32)
 
 
+def packed_wide_copy(loaded):
+    """``(a copy of the model packed for wide passes by probe_mtp.pack_wide, tokenizer)``; the test
+    skips with pack_wide's own reason where it refuses (no MKL in this torch, a model off the CPU)."""
+    model, tokenizer = loaded
+    reason = probe_mtp.wide.why_not_pack_wide(model)
+    if reason is not None:
+        pytest.skip(f"{TEST_DEVICE_ENV}={device_under_test()}: probe_mtp.pack_wide refused: {reason}")
+    return probe_mtp.pack_wide(copy.deepcopy(model)), tokenizer
+
+
+@pytest.fixture(scope="session")
+def smollm2_packed_wide(smollm2):
+    """The session's SmolLM2 packed for wide passes (float32, stock one-row products), a copy."""
+    return packed_wide_copy(smollm2)
+
+
+@pytest.fixture(scope="session")
+def gemma3_packed_wide(gemma3):
+    """The session's Gemma 3 270M packed for wide passes, a copy."""
+    return packed_wide_copy(gemma3)
+
+
 @pytest.fixture(scope="session")
 def specbench():
     return load_prompts()
@@ -110,6 +132,12 @@ def chat_ids(tokenizer, text: str) -> torch.Tensor:
     """``[1, L]`` chat-template ids of one user turn, on the test device (the session's models'
     device)."""
     return chat_input_ids(tokenizer, [{"role": "user", "content": text}]).to(device_under_test())
+
+
+def greedy_cases(model, tokenizer, prompts, greedy, max_new_tokens: int) -> list:
+    """``(task, input_ids, greedy reference on model)`` for each prompt's first turn, in order."""
+    return [(p.task, ids, greedy(model, ids, max_new_tokens))
+            for p in prompts for ids in [chat_ids(tokenizer, p.turns[0])]]
 
 
 def task_prompts(prompts, per_task: int):
