@@ -1,26 +1,31 @@
 """``dtype="auto"``: the fastest exact configuration of a model on this machine, chosen from measured
 cost curves and kept on disk.
 
-The candidates are the configurations in which probe-mtp is token-identical to ``model.generate``
-on the same model: bf16 prepared by :func:`probe_mtp.optimize` (oneDNN's packed products where it
-runs bf16, the stock products under checked row plans elsewhere), float32 prepared by
-``probe_mtp.optimize(model, torch.float32)`` (weights packed once by MKL), and float32 with the
-stock kernels.  Each is scored by the seconds per new token the default decoder can expect with it,
-from its measured cost curve c after a :data:`CHOICE_CONTEXT`-token cache: plain one-input passes
-on most steps and, on :data:`CONFIDENT_SHARE` of them, a pass of the width N that suits c best,
-accepting :data:`CONFIDENT_TAU` [N] tokens (:func:`seconds_per_token`), plus reading
-:data:`PROMPT_TOKENS_PER_NEW_TOKEN` prompt tokens in wide passes.  The lowest score wins, stock float32
-unless beaten by more than :data:`STOCK_PREFERENCE`.
+The candidates are the configurations in which probe-mtp is token-identical to ``model.generate`` on
+the same model: bf16 prepared by :func:`probe_mtp.optimize` (oneDNN's packed products where it runs
+bf16, the stock products under checked row plans elsewhere), float32 prepared by
+``probe_mtp.optimize(model, torch.float32)`` (weights packed once by MKL; both bit for bit), float32
+with the stock kernels, and float32 packed for wide passes (:func:`probe_mtp.pack_wide`: stock
+one-row products, weights packed once by MKL for products of two rows or more; identical to
+``model.generate`` on the stock model wherever stock float32 decoding is, as its wide products sum
+in another order than a one-row product just as the stock ones do). Each is scored by the seconds
+per new token the default decoder can expect with it, from its measured cost curve c after a
+:data:`CHOICE_CONTEXT`-token cache: plain one-input passes on most steps and, on
+:data:`CONFIDENT_SHARE` of them, a pass of the width N that suits c best, accepting
+:data:`CONFIDENT_TAU` [N] tokens (:func:`seconds_per_token`), plus reading
+:data:`PROMPT_TOKENS_PER_NEW_TOKEN` prompt tokens in wide passes. The lowest score wins, stock
+float32 unless beaten by more than :data:`STOCK_PREFERENCE`.
 
 The processor decides: on a 2-core Intel Xeon with AMX a prepared bf16 pass over 16 inputs cost 1.4
 one-token float32 passes (a float32 one 2.0), so prepared bf16 won there for both embedded models
-(docs/exact-bf16.md).  Without bf16 units, bf16 halves a pass bound by reading the weights but
+(docs/exact-bf16.md). Without bf16 units, bf16 halves a pass bound by reading the weights but
 computes wide passes slowly (prompts too): it is measured there as well, and wins only where its
 narrow passes and its prompt reading beat float32's (for neither embedded model on the Xeon held to
-AVX2).  The choice, its one-line reason and the curves are kept in
-the cost-curve cache folder (:func:`probe_mtp.cost.cache_dir`, ``$PROBE_MTP_CACHE_DIR`` where set),
-keyed by the model's files, the processor, torch's version and thread count: later loads read it and
-load only the chosen configuration.
+AVX2). There float32 packed for wide passes won for both (its one-input pass the stock one, its 2-
+and 8-input passes 1.2x and 1.5x that against stock's 1.6x and 1.8x). The choice, its one-line
+reason and the curves are kept in the cost-curve cache folder (:func:`probe_mtp.cost.cache_dir`,
+``$PROBE_MTP_CACHE_DIR`` where set), keyed by the model's files, the processor, torch's version and
+thread count: later loads read it and load only the chosen configuration.
 """
 
 from __future__ import annotations
@@ -42,15 +47,17 @@ from .cost import CostCurve, accelerator_name, cache_dir, measure_cost_curve
 from .heap import heap_trimmer
 from .kernels import Processor, kernel_environment, processor
 from .optimize import AUTO_ATTRIBUTE, optimize_if_supported
+from .wide import pack_wide, unpack_wide, why_not_pack_wide
 
 log = logging.getLogger("probe_mtp")
 
 PREPARED_BF16 = "prepared bfloat16"
 PREPARED_FP32 = "prepared float32"
 STOCK_FP32 = "stock float32"
+PACKED_WIDE_FP32 = "float32 packed for wide passes"
 # name: (dtype the model computes in, prepared by optimize)
 CONFIGURATIONS = {PREPARED_BF16: (torch.bfloat16, True), PREPARED_FP32: (torch.float32, True),
-                  STOCK_FP32: (torch.float32, False)}
+                  STOCK_FP32: (torch.float32, False), PACKED_WIDE_FP32: (torch.float32, False)}
 # The default decoder sizes every step's pass from its drafts (budget="auto"): where they are weak it
 # runs a plain one-input pass, where they are long and likely (a copied span, a confident probe) a
 # wide one.  So a configuration is credited with a mix: CONFIDENT_SHARE of the steps at the pass
@@ -80,10 +87,10 @@ CHOICE_SIZES = (1, *CONFIDENT_TAU, PREFILL_WIDTH)
 # prepared float32 looked faster than it decodes
 CHOICE_CONTEXT = 384
 CHOICE_ROUNDS = 3
-# 5: prepared bf16's lone rows unpadded where the row check allows; 4: prepared float32 packed once
-# by MKL, steps credited as a mix, 384-token cache; 3: prompts charged; 2: bf16 measured without bf16
-# units too
-CHOICE_FORMAT = "probe-mtp-dtype-choice/5"
+# 6: float32 packed for wide passes measured too; 5: prepared bf16's lone rows unpadded where the row
+# check allows; 4: prepared float32 packed once by MKL, steps credited as a mix, 384-token cache;
+# 3: prompts charged; 2: bf16 measured without bf16 units too
+CHOICE_FORMAT = "probe-mtp-dtype-choice/6"
 
 
 @dataclass(frozen=True)
@@ -314,9 +321,15 @@ def _finish(model, tokenizer, choice: AutoChoice):
 
 
 def _load_chosen(loader: Loader, choice: AutoChoice):
-    """The kept configuration, loaded in its dtype and prepared where it is a prepared one; stock
-    float32 where ``optimize`` now refuses it (saying so in the choice's reason)."""
+    """The kept configuration, loaded in its dtype and prepared (or packed) where it is a prepared
+    (packed) one; stock float32 where ``optimize`` (``pack_wide``) now refuses it (saying so in the
+    choice's reason)."""
     model, tokenizer = loader(choice.dtype)
+    if choice.name == PACKED_WIDE_FP32:
+        refused = why_not_pack_wide(model)
+        if refused is None:
+            return pack_wide(model), tokenizer, choice
+        return model, tokenizer, AutoChoice(STOCK_FP32, f"the kept choice, {choice.name}, was refused now: {refused}")
     if not choice.prepared:
         return model, tokenizer, choice
     refused = optimize_if_supported(model, choice.dtype)
@@ -329,13 +342,13 @@ def _load_chosen(loader: Loader, choice: AutoChoice):
 
 
 def _measure_and_choose(loader: Loader):
-    """Measure each candidate holding as little as it can: the float32 model as loaded (stock), a
-    bf16 copy prepared, then the float32 model prepared in place; keep the
-    winner.  Stock float32 winning after the float32 model was prepared costs a second float32 load
-    (a preparation cannot be undone in place)."""
+    """Measure each candidate holding as little as it can: the float32 model as loaded (stock), the
+    same packed for wide passes (then unpacked), a bf16 copy prepared, then the float32 model
+    prepared in place; keep the winner.  Stock or packed float32 winning after the float32 model
+    was prepared costs a second float32 load (a preparation cannot be undone in place)."""
     model, tokenizer = loader(torch.float32)
     start = time.perf_counter()  # what choosing costs beyond the float32 load: preparing and measuring
-    candidates = [Candidate(STOCK_FP32, loader.measure(model))]
+    candidates = [Candidate(STOCK_FP32, loader.measure(model)), _packed_wide_candidate(model, loader.measure)]
     bf16, found = _bf16_candidate(model, loader.measure)
     candidates.append(found)
     refused = optimize_if_supported(model, torch.float32)
@@ -346,12 +359,27 @@ def _measure_and_choose(loader: Loader):
     if choice.name == PREPARED_BF16:
         model = bf16
     del bf16
-    if choice.name == STOCK_FP32 and refused is None:
+    if choice.name in (STOCK_FP32, PACKED_WIDE_FP32) and refused is None:
         del model
         _return_freed_memory()
         model, tokenizer = loader(torch.float32)
+    if choice.name == PACKED_WIDE_FP32:
+        pack_wide(model)
     _return_freed_memory()
     return model, tokenizer, choice
+
+
+def _packed_wide_candidate(model, measure: Callable) -> Candidate:
+    """The float32 ``model`` packed for wide passes (:func:`probe_mtp.pack_wide`), measured, then
+    unpacked again; refused where this torch has no MKL to pack with."""
+    refused = why_not_pack_wide(model)
+    if refused is not None:
+        return Candidate(PACKED_WIDE_FP32, refused=refused)
+    try:
+        return Candidate(PACKED_WIDE_FP32, measure(pack_wide(model)))
+    finally:
+        unpack_wide(model)
+        _return_freed_memory()
 
 
 def _return_freed_memory() -> None:
