@@ -1,6 +1,6 @@
-"""The cost curve of one model four ways, measured in one run: float32 with the stock kernels, float32
-prepared by ``probe_mtp.optimize(model, torch.float32)``, bf16 with the stock kernels and bf16
-prepared by ``probe_mtp.optimize``: milliseconds of one forward pass over N new inputs (a causal
+"""The cost curve of one model five ways, measured in one run: float32 with the stock kernels, float32
+packed for wide passes by ``probe_mtp.pack_wide``, float32 prepared by ``probe_mtp.optimize(model,
+torch.float32)``, bf16 with the stock kernels and bf16 prepared by ``probe_mtp.optimize``: milliseconds of one forward pass over N new inputs (a causal
 chain with an explicit 4D mask, logits at every input, as in a verification pass) on top of a cache
 of ``--context`` tokens; the fastest of ``--rounds`` rounds that visit the variants and sizes in
 rotated order (noise on a shared machine only ever adds time).  With ``--generate T`` it also times
@@ -52,12 +52,16 @@ def repacked(model, kind: str):
 
 
 def variants(base) -> dict:
-    """``{name: model}``: the four ways (prepared bf16 with oneDNN's packed products where it runs
-    bf16, else with the stock products under checked row plans; left out where optimize refuses),
-    and prepared float32 with oneDNN's packing too where optimize packs float32 by MKL."""
+    """``{name: model}``: the five ways (packed float32 left out where this torch has no MKL;
+    prepared bf16 with oneDNN's packed products where it runs bf16, else with the stock products
+    under checked row plans; left out where optimize refuses), and prepared float32 with oneDNN's
+    packing too where optimize packs float32 by MKL."""
     prepared = probe_mtp.optimize(copy.deepcopy(base), torch.float32)
     kind = next(m.kind for m in prepared.modules() if isinstance(m, PackedLinear))
-    out = {STOCK_FP32: base, f"float32, prepared (optimize: {kind})": prepared}
+    out = {STOCK_FP32: base}
+    if probe_mtp.wide.why_not_pack_wide(base) is None:
+        out["float32, packed for wide passes (pack_wide)"] = probe_mtp.pack_wide(copy.deepcopy(base))
+    out[f"float32, prepared (optimize: {kind})"] = prepared
     if kind == kernels.MKL and processor().packs(torch.float32):
         out["float32, prepared, oneDNN packing"] = repacked(prepared, kernels.ONEDNN)
     out["bf16, stock kernels"] = bf16_copy(base)

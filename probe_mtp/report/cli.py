@@ -158,8 +158,8 @@ def settings_from_args(args, default: bool = True):
 def prepare_run(args, loaded=None, default: bool = True):
     """Shared by ``report`` and ``bench``: consoles, torch threads, validated settings, prompts, the
     output folder checked, and the model: ``--model`` in ``--dtype``, and when that model came out
-    prepared (:func:`probe_mtp.optimize`, ``--dtype auto`` on a processor with bf16 matrix units) a
-    second, unprepared float32 copy of it (the reference, measured as the baseline
+    prepared (:func:`probe_mtp.optimize`) or packed (:func:`probe_mtp.pack_wide`), as ``--dtype auto``
+    may give it, a second, unprepared float32 copy of it (the reference, measured as the baseline
     ``generate fp32``; else None).  ``loaded``: an already loaded ``(model, tokenizer)`` or
     ``(model, tokenizer, reference)`` instead (nothing is loaded then: a prepared model without a
     reference is measured without the float32 baseline).  Every check runs before a model is
@@ -197,12 +197,13 @@ def prepare_run(args, loaded=None, default: bool = True):
     if loaded is None:
         from ..loading import load_model
         from ..optimize import describe, is_optimized
+        from ..wide import is_packed_wide
 
         with progress_console.status(f"loading {settings.model} on {device}..."):
             model, tokenizer = load_model(args.model, dtype=args.dtype, device=device)
         progress_console.print(f"{settings.model}: {describe(model)}", highlight=False)
         reference = None
-        if is_optimized(model):
+        if is_optimized(model) or is_packed_wide(model):
             with progress_console.status(f"loading {settings.model} in float32 (the generate fp32 baseline)..."):
                 reference, _ = load_model(args.model, dtype=torch.float32, device=device)
     else:

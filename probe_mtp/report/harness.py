@@ -527,12 +527,14 @@ class Report:
 
 
 def resolved_dtype(model) -> str:
-    """What ``model`` computes in: ``bfloat16 prepared`` (:func:`probe_mtp.optimize`), else its
-    dtype (``float32``, or ``bfloat16`` / ``float16`` with stock kernels)."""
+    """What ``model`` computes in: ``bfloat16 prepared`` (:func:`probe_mtp.optimize`), ``float32
+    packed`` (:func:`probe_mtp.pack_wide`), else its dtype (``float32``, or ``bfloat16`` /
+    ``float16`` with stock kernels)."""
     from ..optimize import is_optimized
+    from ..wide import is_packed_wide
 
     name = str(model.dtype).removeprefix("torch.")
-    return f"{name} prepared" if is_optimized(model) else name
+    return f"{name} prepared" if is_optimized(model) else f"{name} packed" if is_packed_wide(model) else name
 
 
 def device_fields(model=None) -> dict:
