@@ -79,7 +79,7 @@ class _WideProducts:
         if rows < 2 or not self._packs(x):
             return None
         packed = self._packed()
-        out_features = packed_out_features(self)
+        out_features = _out_features(self)
         bias = None if self.bias is None else self.bias.detach()
         out = mkl_gemm.product(x.reshape(rows, width).contiguous(), packed, out_features, bias)
         return out.view(*x.shape[:-1], out_features)
@@ -90,7 +90,7 @@ class _WideProducts:
         return state
 
 
-def packed_out_features(layer) -> int:
+def _out_features(layer) -> int:
     return layer.nf if isinstance(layer, Conv1D) else layer.out_features
 
 
