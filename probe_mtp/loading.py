@@ -227,8 +227,9 @@ def _load(name, dtype: torch.dtype, attn_implementation: str, device, convert_ca
 
 def _load_auto(name, attn_implementation: str, device, convert_cache: bool):
     """``dtype="auto"``: the fastest exact configuration of this model here (prepared bf16, prepared
-    float32, stock float32 or float32 packed for wide passes), chosen once from measured cost curves and kept with them in the cache
-    folder (:mod:`probe_mtp.choice`); later loads read the choice and load only that configuration."""
+    float32, stock float32 or float32 packed for wide passes), chosen once from measured cost curves
+    and kept with them in the cache folder (:mod:`probe_mtp.choice`); later loads read the choice and
+    load only that configuration."""
     from .choice import Loader, load_fastest
 
     def load(dtype: torch.dtype):

@@ -46,15 +46,17 @@ class PackWideError(ValueError):
 
 class _WideProducts:
     """What a packed layer adds to its stock class: products of two rows or more with the weight
-    packed once by MKL (float32 on the CPU, outside autograd), every other product the stock one."""
+    packed once by MKL (float32 on the CPU, outside autograd), every other product the stock one
+    (its class's own ``forward``)."""
 
     _wide_pack: tuple | None = None  # (what the weight was when packed, the packed copy)
 
     def _out_in_weight(self) -> torch.Tensor:
+        """The weight as ``[out, in]`` (what MKL packs)."""
         raise NotImplementedError
 
-    def _rows_in(self, x: torch.Tensor) -> tuple[int, int]:
-        """``(rows, features)`` of ``x`` as a product sees it."""
+    def _in_out(self) -> tuple[int, int]:
+        """``(in_features, out_features)``."""
         raise NotImplementedError
 
     def _packs(self, x: torch.Tensor) -> bool:
@@ -73,15 +75,13 @@ class _WideProducts:
             found = self._wide_pack = (state, mkl_gemm.pack(self._out_in_weight()))
         return found[1]
 
-    def _wide_product(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``x``'s product when it holds two rows or more and can be packed, else None (stock)."""
-        rows, width = self._rows_in(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_features, out_features = self._in_out()
+        rows = x.numel() // max(in_features, 1)
         if rows < 2 or not self._packs(x):
-            return None
-        packed = self._packed()
-        out_features = _out_features(self)
+            return super().forward(x)
         bias = None if self.bias is None else self.bias.detach()
-        out = mkl_gemm.product(x.reshape(rows, width).contiguous(), packed, out_features, bias)
+        out = mkl_gemm.product(x.reshape(rows, in_features).contiguous(), self._packed(), out_features, bias)
         return out.view(*x.shape[:-1], out_features)
 
     def __getstate__(self):
@@ -90,22 +90,14 @@ class _WideProducts:
         return state
 
 
-def _out_features(layer) -> int:
-    return layer.nf if isinstance(layer, Conv1D) else layer.out_features
-
-
 class WideLinear(_WideProducts, nn.Linear):
     """An ``nn.Linear`` whose products of two rows or more use its weight packed once by MKL."""
 
     def _out_in_weight(self) -> torch.Tensor:
         return self.weight.detach()
 
-    def _rows_in(self, x: torch.Tensor) -> tuple[int, int]:
-        return x.numel() // max(self.in_features, 1), self.in_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._wide_product(x)
-        return super().forward(x) if out is None else out
+    def _in_out(self) -> tuple[int, int]:
+        return self.in_features, self.out_features
 
 
 class WideConv1D(_WideProducts, Conv1D):
@@ -115,13 +107,8 @@ class WideConv1D(_WideProducts, Conv1D):
     def _out_in_weight(self) -> torch.Tensor:
         return self.weight.detach().t()
 
-    def _rows_in(self, x: torch.Tensor) -> tuple[int, int]:
-        width = self.weight.shape[0]
-        return x.numel() // max(width, 1), width
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._wide_product(x)
-        return super().forward(x) if out is None else out
+    def _in_out(self) -> tuple[int, int]:
+        return self.weight.shape[0], self.nf
 
 
 WIDE_CLASSES = {nn.Linear: WideLinear, Conv1D: WideConv1D}
