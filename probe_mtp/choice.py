@@ -6,7 +6,8 @@ the same model: bf16 prepared by :func:`probe_mtp.optimize` (oneDNN's packed pro
 bf16, the stock products under checked row plans elsewhere), float32 prepared by
 ``probe_mtp.optimize(model, torch.float32)`` (weights packed once by MKL; both bit for bit), float32
 with the stock kernels, and float32 packed for wide passes (:func:`probe_mtp.pack_wide`: stock
-one-row products, weights packed once by MKL for products of two rows or more; identical to
+one-row products, weights packed once for products of two rows or more, by MKL or by oneDNN,
+measured apart since which is faster depends on the processor; identical to
 ``model.generate`` on the stock model wherever stock float32 decoding is, as its wide products sum
 in another order than a one-row product just as the stock ones do). Each is scored by the seconds
 per new token the default decoder can expect with it, from its measured cost curve c after a
@@ -47,7 +48,7 @@ from .cost import CostCurve, accelerator_name, cache_dir, measure_cost_curve
 from .heap import heap_trimmer
 from .kernels import Processor, kernel_environment, processor
 from .optimize import AUTO_ATTRIBUTE, optimize_if_supported
-from .wide import pack_wide, unpack_wide, why_not_pack_wide
+from .wide import MKL, ONEDNN, pack_wide, unpack_wide, why_not_pack_wide
 
 log = logging.getLogger("probe_mtp")
 
@@ -55,9 +56,13 @@ PREPARED_BF16 = "prepared bfloat16"
 PREPARED_FP32 = "prepared float32"
 STOCK_FP32 = "stock float32"
 PACKED_WIDE_FP32 = "float32 packed for wide passes"
+PACKED_WIDE_FP32_ONEDNN = "float32 packed for wide passes by oneDNN"
 # name: (dtype the model computes in, prepared by optimize)
 CONFIGURATIONS = {PREPARED_BF16: (torch.bfloat16, True), PREPARED_FP32: (torch.float32, True),
-                  STOCK_FP32: (torch.float32, False), PACKED_WIDE_FP32: (torch.float32, False)}
+                  STOCK_FP32: (torch.float32, False), PACKED_WIDE_FP32: (torch.float32, False),
+                  PACKED_WIDE_FP32_ONEDNN: (torch.float32, False)}
+# the configurations of probe_mtp.pack_wide and the kernel each packs with
+WIDE_PACKINGS = {PACKED_WIDE_FP32: MKL, PACKED_WIDE_FP32_ONEDNN: ONEDNN}
 # The default decoder sizes every step's pass from its drafts (budget="auto"): where they are weak it
 # runs a plain one-input pass, where they are long and likely (a copied span, a confident probe) a
 # wide one.  So a configuration is credited with a mix: CONFIDENT_SHARE of the steps at the pass
@@ -87,10 +92,11 @@ CHOICE_SIZES = (1, *CONFIDENT_TAU, PREFILL_WIDTH)
 # prepared float32 looked faster than it decodes
 CHOICE_CONTEXT = 384
 CHOICE_ROUNDS = 3
-# 6: float32 packed for wide passes measured too; 5: prepared bf16's lone rows unpadded where the row
-# check allows; 4: prepared float32 packed once by MKL, steps credited as a mix, 384-token cache;
-# 3: prompts charged; 2: bf16 measured without bf16 units too
-CHOICE_FORMAT = "probe-mtp-dtype-choice/6"
+# 7: float32 packed for wide passes by oneDNN measured too; 6: float32 packed for wide passes measured
+# too; 5: prepared bf16's lone rows unpadded where the row check allows; 4: prepared float32 packed
+# once by MKL, steps credited as a mix, 384-token cache; 3: prompts charged; 2: bf16 measured without
+# bf16 units too
+CHOICE_FORMAT = "probe-mtp-dtype-choice/7"
 
 
 @dataclass(frozen=True)
@@ -325,10 +331,10 @@ def _load_chosen(loader: Loader, choice: AutoChoice):
     (packed) one; stock float32 where ``optimize`` (``pack_wide``) now refuses it (saying so in the
     choice's reason)."""
     model, tokenizer = loader(choice.dtype)
-    if choice.name == PACKED_WIDE_FP32:
-        refused = why_not_pack_wide(model)
+    if choice.name in WIDE_PACKINGS:
+        refused = why_not_pack_wide(model, WIDE_PACKINGS[choice.name])
         if refused is None:
-            return pack_wide(model), tokenizer, choice
+            return pack_wide(model, WIDE_PACKINGS[choice.name]), tokenizer, choice
         return model, tokenizer, AutoChoice(STOCK_FP32, f"the kept choice, {choice.name}, was refused now: {refused}")
     if not choice.prepared:
         return model, tokenizer, choice
@@ -343,12 +349,13 @@ def _load_chosen(loader: Loader, choice: AutoChoice):
 
 def _measure_and_choose(loader: Loader):
     """Measure each candidate holding as little as it can: the float32 model as loaded (stock), the
-    same packed for wide passes (then unpacked), a bf16 copy prepared, then the float32 model
-    prepared in place; keep the winner.  Stock or packed float32 winning after the float32 model
+    same packed for wide passes by MKL and by oneDNN (each unpacked again), a bf16 copy prepared,
+    then the float32 model prepared in place; keep the winner.  Stock or packed float32 winning after the float32 model
     was prepared costs a second float32 load (a preparation cannot be undone in place)."""
     model, tokenizer = loader(torch.float32)
     start = time.perf_counter()  # what choosing costs beyond the float32 load: preparing and measuring
-    candidates = [Candidate(STOCK_FP32, loader.measure(model)), _packed_wide_candidate(model, loader.measure)]
+    candidates = [Candidate(STOCK_FP32, loader.measure(model)),
+                  *(_packed_wide_candidate(model, loader.measure, name) for name in WIDE_PACKINGS)]
     bf16, found = _bf16_candidate(model, loader.measure)
     candidates.append(found)
     refused = optimize_if_supported(model, torch.float32)
@@ -359,24 +366,26 @@ def _measure_and_choose(loader: Loader):
     if choice.name == PREPARED_BF16:
         model = bf16
     del bf16
-    if choice.name in (STOCK_FP32, PACKED_WIDE_FP32) and refused is None:
+    if (choice.name == STOCK_FP32 or choice.name in WIDE_PACKINGS) and refused is None:
         del model
         _return_freed_memory()
         model, tokenizer = loader(torch.float32)
-    if choice.name == PACKED_WIDE_FP32:
-        pack_wide(model)
+    if choice.name in WIDE_PACKINGS:
+        pack_wide(model, WIDE_PACKINGS[choice.name])
     _return_freed_memory()
     return model, tokenizer, choice
 
 
-def _packed_wide_candidate(model, measure: Callable) -> Candidate:
-    """The float32 ``model`` packed for wide passes (:func:`probe_mtp.pack_wide`), measured, then
-    unpacked again; refused where this torch has no MKL to pack with."""
-    refused = why_not_pack_wide(model)
+def _packed_wide_candidate(model, measure: Callable, name: str = PACKED_WIDE_FP32) -> Candidate:
+    """The float32 ``model`` packed for wide passes (:func:`probe_mtp.pack_wide`) with the kernel of
+    configuration ``name``, measured, then unpacked again; refused where this torch lacks that
+    kernel."""
+    kernel = WIDE_PACKINGS[name]
+    refused = why_not_pack_wide(model, kernel)
     if refused is not None:
-        return Candidate(PACKED_WIDE_FP32, refused=refused)
+        return Candidate(name, refused=refused)
     try:
-        return Candidate(PACKED_WIDE_FP32, measure(pack_wide(model)))
+        return Candidate(name, measure(pack_wide(model, kernel)))
     finally:
         unpack_wide(model)
         _return_freed_memory()

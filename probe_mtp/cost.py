@@ -30,7 +30,7 @@ import torch
 from .attention import GROUPED_SDPA, grouped_query_attention, uses_grouped_attention
 from .clock import DeviceClock
 from .kernels import PackedLinear, kernel_environment, processor_name
-from .wide import WIDE_KERNEL, is_packed_wide
+from .wide import KERNELS, wide_kernel
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 HEAD_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -420,8 +420,8 @@ def curve_key(model, split_head: bool = False) -> dict:
     linear = sorted({m.kind for m in model.modules() if isinstance(m, PackedLinear)})
     if linear:  # prepared by optimize: how its linear layers compute (oneDNN, MKL, stock)
         key["linear"] = linear
-    elif is_packed_wide(model):  # float32 packed for wide products (probe_mtp.pack_wide)
-        key["linear"] = [WIDE_KERNEL]
+    elif wide_kernel(model) is not None:  # float32 packed for wide products (probe_mtp.pack_wide)
+        key["linear"] = [KERNELS[wide_kernel(model)].label]
     return key
 
 

@@ -173,7 +173,7 @@ def load_model(
     GGUF weights are dequantized to ``dtype``.  ``dtype="auto"``: the fastest exact configuration
     of this model on this machine, among bf16 prepared by :func:`probe_mtp.optimize` (where oneDNN
     runs bf16), float32 prepared by it, stock float32 and float32 packed for wide passes
-    (:func:`probe_mtp.pack_wide`), each one in which probe-mtp stays token-identical to
+    (:func:`probe_mtp.pack_wide`, by MKL and by oneDNN), each one in which probe-mtp stays token-identical to
     ``model.generate`` on it.  The first load measures a short cost curve of each
     (a few seconds) and keeps the choice with them in the cache directory; later loads read it and
     load the chosen one only (bf16 straight in bf16, no float32 copy held).  On accelerators it is
@@ -227,8 +227,8 @@ def _load(name, dtype: torch.dtype, attn_implementation: str, device, convert_ca
 
 def _load_auto(name, attn_implementation: str, device, convert_cache: bool):
     """``dtype="auto"``: the fastest exact configuration of this model here (prepared bf16, prepared
-    float32, stock float32 or float32 packed for wide passes), chosen once from measured cost curves
-    and kept with them in the cache folder (:mod:`probe_mtp.choice`); later loads read the choice and
+    float32, stock float32 or float32 packed for wide passes by MKL or oneDNN), chosen once from
+    measured cost curves and kept with them in the cache folder (:mod:`probe_mtp.choice`); later loads read the choice and
     load only that configuration."""
     from .choice import Loader, load_fastest
 

@@ -34,7 +34,8 @@ def parse_dtype(name: str) -> torch.dtype | str:
 
 DTYPE_HELP = (
     "auto: the fastest exact configuration on this machine (bf16 or float32 prepared by probe_mtp.optimize, stock "
-    "float32, or float32 packed for wide passes by probe_mtp.pack_wide), measured at a model's first load and kept "
+    "float32, or float32 packed for wide passes by probe_mtp.pack_wide, by MKL or oneDNN), measured at a model's first "
+    "load and kept "
     "in the cache; float32 (exact, stock kernels); bfloat16 or float16 "
     "(stock kernels: outputs may differ from model.generate at near-ties)"
 )

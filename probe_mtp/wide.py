@@ -7,9 +7,12 @@ held to AVX2, a SmolLM2 pass over 2 inputs costs 1.8 one-input passes, over 8 in
 verifying even a short draft costs almost a second step and trees rarely pay on processors
 without bf16 matrix units.  :func:`pack_wide` keeps each float32 linear layer's one-row product
 as it is (a plain decoding step computes the bits it computes on the stock model) and multiplies
-two rows or more with a copy of the weight packed once by the MKL inside torch
-(:mod:`probe_mtp.mkl_gemm`): held to AVX2 the 2- and 8-input passes then cost 1.2 and 1.5
-one-input passes.
+two rows or more with a copy of the weight packed once: by the MKL inside torch
+(:mod:`probe_mtp.mkl_gemm`, ``kernel="mkl"``) or by oneDNN (``kernel="onednn"``, the packing
+vLLM's CPU backend gives its float32 weights).  Held to AVX2 on a Xeon, MKL's 2- and 8-input
+passes then cost 1.2 and 1.5 one-input passes (oneDNN's 1.5 and 1.9, stock's 1.6 and 1.9);
+on an AVX2 EPYC a oneDNN-packed 2-input pass cost 1.2 stock one-input passes against stock's 1.7.
+Which is faster depends on the processor, so ``dtype="auto"`` measures both.
 
 What it guarantees.  A wide product sums in another order than a one-row product, as stock
 float32's own wide product does: decoding on a packed model is token-identical to
@@ -26,10 +29,13 @@ and ``state_dict`` keys stay as they were; :func:`unpack_wide` turns it back).  
 made at packing and again after the weight changes (``load_state_dict``, a move); off the CPU, in
 another dtype, or where autograd records the product (tuning mask vectors backpropagates through
 the frozen model) a product is the stock one.  The copies cost memory: MKL reserves 2-9x a weight's
-bytes for its packed form (a small weight most) and touches about twice them.
+bytes for its packed form (a small weight most) and touches about twice them; oneDNN's copy is
+the weight's size.
 """
 
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -37,7 +43,41 @@ from transformers.pytorch_utils import Conv1D
 
 from . import mkl_gemm
 
-WIDE_KERNEL = "MKL, wide products only"  # how the linear layers of a packed model compute (cost-curve keys)
+MKL, ONEDNN = "mkl", "onednn"
+# the row count oneDNN lays a packed weight out for.  Held to AVX2 (Xeon, SmolLM2 passes of 2-16
+# inputs), a copy laid out for 1 row computed them 1.1-1.2x slower than one laid out for 8 or 64
+ONEDNN_ROWS = 8
+
+
+class WideKernel(NamedTuple):
+    """How the products of two rows or more are computed: ``pack(weight [out, in]) -> packed`` once,
+    then ``product(x2d, packed, out_features, bias) -> [rows, out]``; ``label`` names it in cost-curve
+    keys and in :func:`probe_mtp.describe`."""
+
+    label: str
+    available: Callable[[], bool]
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    product: Callable
+
+
+def _onednn_available() -> bool:
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ONEDNN_ROWS)
+
+
+def _onednn_product(x2d: torch.Tensor, packed: torch.Tensor, out_features: int,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2d, packed, bias, "none", [], "")
+
+
+KERNELS = {
+    MKL: WideKernel("MKL, wide products only", lambda: mkl_gemm.available(), mkl_gemm.pack, mkl_gemm.product),
+    ONEDNN: WideKernel("oneDNN, wide products only", _onednn_available, _onednn_pack, _onednn_product),
+}
+WIDE_KERNEL = KERNELS[MKL].label  # kept for callers of the MKL-only release
 
 
 class PackWideError(ValueError):
@@ -46,13 +86,14 @@ class PackWideError(ValueError):
 
 class _WideProducts:
     """What a packed layer adds to its stock class: products of two rows or more with the weight
-    packed once by MKL (float32 on the CPU, outside autograd), every other product the stock one
-    (its class's own ``forward``)."""
+    packed once by its kernel (float32 on the CPU, outside autograd), every other product the stock
+    one (its class's own ``forward``)."""
 
     _wide_pack: tuple | None = None  # (what the weight was when packed, the packed copy)
+    _wide_kernel: str = MKL  # a key of KERNELS (set per layer by pack_wide)
 
     def _out_in_weight(self) -> torch.Tensor:
-        """The weight as ``[out, in]`` (what MKL packs)."""
+        """The weight as ``[out, in]`` (what the kernels pack)."""
         raise NotImplementedError
 
     def _in_out(self) -> tuple[int, int]:
@@ -72,7 +113,7 @@ class _WideProducts:
         state = (weight.data_ptr(), weight._version, tuple(weight.shape))
         found = self._wide_pack
         if found is None or found[0] != state:
-            found = self._wide_pack = (state, mkl_gemm.pack(self._out_in_weight()))
+            found = self._wide_pack = (state, KERNELS[self._wide_kernel].pack(self._out_in_weight()))
         return found[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,17 +122,18 @@ class _WideProducts:
         if rows < 2 or not self._packs(x):
             return super().forward(x)
         bias = None if self.bias is None else self.bias.detach()
-        out = mkl_gemm.product(x.reshape(rows, in_features).contiguous(), self._packed(), out_features, bias)
+        product = KERNELS[self._wide_kernel].product
+        out = product(x.reshape(rows, in_features).contiguous(), self._packed(), out_features, bias)
         return out.view(*x.shape[:-1], out_features)
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.pop("_wide_pack", None)  # valid only where MKL wrote it: packed again when next needed
+        state.pop("_wide_pack", None)  # valid only where it was written: packed again when next needed
         return state
 
 
 class WideLinear(_WideProducts, nn.Linear):
-    """An ``nn.Linear`` whose products of two rows or more use its weight packed once by MKL."""
+    """An ``nn.Linear`` whose products of two rows or more use its weight packed once (MKL or oneDNN)."""
 
     def _out_in_weight(self) -> torch.Tensor:
         return self.weight.detach()
@@ -102,7 +144,7 @@ class WideLinear(_WideProducts, nn.Linear):
 
 class WideConv1D(_WideProducts, Conv1D):
     """GPT-2's ``Conv1D`` (weight ``[in, out]``) whose products of two rows or more use its weight
-    packed once by MKL."""
+    packed once (MKL or oneDNN)."""
 
     def _out_in_weight(self) -> torch.Tensor:
         return self.weight.detach().t()
@@ -124,16 +166,35 @@ def wide_layers(model) -> int:
     return sum(isinstance(module, _WideProducts) for module in model.modules())
 
 
-def why_not_pack_wide(model) -> str | None:
-    """Why :func:`pack_wide` would refuse ``model``, or None where it packs it."""
+def wide_kernel(model) -> str | None:
+    """The kernel (a key of :data:`KERNELS`) of ``model``'s packed layers, None where none is packed."""
+    return next((module._wide_kernel for module in model.modules() if isinstance(module, _WideProducts)), None)
+
+
+def default_kernel() -> str | None:
+    """The kernel :func:`pack_wide` takes unless told: MKL where this torch carries it (the faster
+    of the two on every processor measured so far but one), else oneDNN; None where neither."""
+    return next((name for name, kernel in KERNELS.items() if kernel.available()), None)
+
+
+def why_not_pack_wide(model, kernel: str | None = None) -> str | None:
+    """Why :func:`pack_wide` would refuse ``model`` (with ``kernel``), or None where it packs it."""
     from .kernels import PackedLinear  # the prepared layers of probe_mtp.optimize
 
-    if not mkl_gemm.available():
+    if kernel is not None and kernel not in KERNELS:
+        return f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}"
+    if kernel == MKL and not KERNELS[MKL].available():
         return ("this torch carries no MKL whose packed float32 product probe-mtp can call (macOS, ARM, a build "
-                "without MKL)")
+                "without MKL); kernel='onednn' may be available")
+    if kernel == ONEDNN and not KERNELS[ONEDNN].available():
+        return "this torch is built without oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if kernel is None and default_kernel() is None:
+        return "this torch carries neither MKL's packed float32 product nor oneDNN"
     if any(isinstance(module, PackedLinear) for module in model.modules()):
         return ("the model is prepared by probe_mtp.optimize (its layers already compute with packed, "
                 "row-invariant products)")
+    if is_packed_wide(model):
+        return f"the model is packed already (by {wide_kernel(model)}; probe_mtp.unpack_wide turns it back)"
     layers = [module for module in model.modules() if type(module) in WIDE_CLASSES]
     if not layers:
         return f"{type(model).__name__} has no nn.Linear or Conv1D layers to pack"
@@ -144,18 +205,22 @@ def why_not_pack_wide(model) -> str | None:
     return None
 
 
-def pack_wide(model):
-    """Pack every float32 linear layer of ``model`` (on the CPU) once by MKL for its products of two
-    rows or more, in place; one-row products stay the stock ones (see the module's notes for what
-    that guarantees).  Returns the model.  :class:`PackWideError` (nothing changed) where it cannot:
-    no MKL in this torch, weights not float32 on the CPU, a model prepared by ``optimize``."""
-    reason = why_not_pack_wide(model)
+def pack_wide(model, kernel: str | None = None):
+    """Pack every float32 linear layer of ``model`` (on the CPU) once for its products of two rows or
+    more, in place; one-row products stay the stock ones (see the module's notes for what that
+    guarantees).  ``kernel``: ``"mkl"`` (the MKL inside torch), ``"onednn"``, or None: MKL where
+    this torch carries it, else oneDNN (:func:`default_kernel`).  Returns the model.
+    :class:`PackWideError` (nothing changed) where it cannot: the kernel absent from this torch,
+    weights not float32 on the CPU, a model prepared by ``optimize`` or packed already."""
+    reason = why_not_pack_wide(model, kernel)
     if reason is not None:
         raise PackWideError(f"cannot pack {type(model).__name__} for wide products: {reason}")
+    kernel = kernel or default_kernel()
     for module in list(model.modules()):
         wide = WIDE_CLASSES.get(type(module))
         if wide is not None:
             module.__class__ = wide
+            module._wide_kernel = kernel
             module._packed()  # now, not in the first pass
     return model
 
@@ -167,5 +232,6 @@ def unpack_wide(model):
         stock = STOCK_CLASSES.get(type(module))
         if stock is not None:
             module.__dict__.pop("_wide_pack", None)
+            module.__dict__.pop("_wide_kernel", None)
             module.__class__ = stock
     return model

@@ -52,15 +52,17 @@ def repacked(model, kind: str):
 
 
 def variants(base) -> dict:
-    """``{name: model}``: the five ways (packed float32 left out where this torch has no MKL;
+    """``{name: model}``: the five ways (packed float32 by MKL and by oneDNN, each left out where this
+    torch lacks it;
     prepared bf16 with oneDNN's packed products where it runs bf16, else with the stock products
     under checked row plans; left out where optimize refuses), and prepared float32 with oneDNN's
     packing too where optimize packs float32 by MKL."""
     prepared = probe_mtp.optimize(copy.deepcopy(base), torch.float32)
     kind = next(m.kind for m in prepared.modules() if isinstance(m, PackedLinear))
     out = {STOCK_FP32: base}
-    if probe_mtp.wide.why_not_pack_wide(base) is None:
-        out["float32, packed for wide passes (pack_wide)"] = probe_mtp.pack_wide(copy.deepcopy(base))
+    for kernel, by in (("mkl", "MKL"), ("onednn", "oneDNN")):
+        if probe_mtp.wide.why_not_pack_wide(base, kernel) is None:
+            out[f"float32, packed for wide passes (pack_wide, {by})"] = probe_mtp.pack_wide(copy.deepcopy(base), kernel)
     out[f"float32, prepared (optimize: {kind})"] = prepared
     if kind == kernels.MKL and processor().packs(torch.float32):
         out["float32, prepared, oneDNN packing"] = repacked(prepared, kernels.ONEDNN)

@@ -101,14 +101,15 @@ def gemma3_fp32_prepared(gemma3):
     return prepared_copy(gemma3, torch.float32)
 
 
-def packed_wide_copy(loaded):
-    """``(a copy of the model packed for wide passes by probe_mtp.pack_wide, tokenizer)``; the test
-    skips with pack_wide's own reason where it refuses (no MKL in this torch, a model off the CPU)."""
+def packed_wide_copy(loaded, kernel: str | None = None):
+    """``(a copy of the model packed for wide passes by probe_mtp.pack_wide with ``kernel``,
+    tokenizer)``; the test skips with pack_wide's own reason where it refuses (the kernel absent
+    from this torch, a model off the CPU)."""
     model, tokenizer = loaded
-    reason = probe_mtp.wide.why_not_pack_wide(model)
+    reason = probe_mtp.wide.why_not_pack_wide(model, kernel)
     if reason is not None:
         pytest.skip(f"{TEST_DEVICE_ENV}={device_under_test()}: probe_mtp.pack_wide refused: {reason}")
-    return probe_mtp.pack_wide(copy.deepcopy(model)), tokenizer
+    return probe_mtp.pack_wide(copy.deepcopy(model), kernel), tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +122,18 @@ def smollm2_packed_wide(smollm2):
 def gemma3_packed_wide(gemma3):
     """The session's Gemma 3 270M packed for wide passes, a copy."""
     return packed_wide_copy(gemma3)
+
+
+@pytest.fixture(scope="session")
+def smollm2_packed_onednn(smollm2):
+    """The session's SmolLM2 packed for wide passes by oneDNN, a copy."""
+    return packed_wide_copy(smollm2, "onednn")
+
+
+@pytest.fixture(scope="session")
+def gemma3_packed_onednn(gemma3):
+    """The session's Gemma 3 270M packed for wide passes by oneDNN, a copy."""
+    return packed_wide_copy(gemma3, "onednn")
 
 
 @pytest.fixture(scope="session")

@@ -528,13 +528,18 @@ class Report:
 
 def resolved_dtype(model) -> str:
     """What ``model`` computes in: ``bfloat16 prepared`` (:func:`probe_mtp.optimize`), ``float32
-    packed`` (:func:`probe_mtp.pack_wide`), else its dtype (``float32``, or ``bfloat16`` /
-    ``float16`` with stock kernels)."""
+    packed`` (:func:`probe_mtp.pack_wide` by MKL; ``float32 packed by oneDNN``), else its dtype
+    (``float32``, or ``bfloat16`` / ``float16`` with stock kernels)."""
     from ..optimize import is_optimized
-    from ..wide import is_packed_wide
+    from ..wide import ONEDNN, wide_kernel
 
     name = str(model.dtype).removeprefix("torch.")
-    return f"{name} prepared" if is_optimized(model) else f"{name} packed" if is_packed_wide(model) else name
+    if is_optimized(model):
+        return f"{name} prepared"
+    kernel = wide_kernel(model)
+    if kernel is None:
+        return name
+    return f"{name} packed by oneDNN" if kernel == ONEDNN else f"{name} packed"
 
 
 def device_fields(model=None) -> dict:

@@ -4,7 +4,9 @@ where that is the fastest configuration): probe-mtp's greedy output on the packe
 token-identical to ``model.generate(do_sample=False)`` on the stock float32 model, on two prompts of
 every Spec-Bench task with the default decoder, with every drafter at a fixed budget, for a batch
 row for row, and on Gemma 3 past its sliding window; and ``model.generate`` on the packed model
-gives the stock model's tokens too.  Its one-token pass gives the stock pass's logits bit for bit."""
+gives the stock model's tokens too.  Its one-token pass gives the stock pass's logits bit for bit.
+Packed by oneDNN instead (``kernel="onednn"``): the same on a prompt of every task, a batch and
+Gemma 3's texts."""
 
 from __future__ import annotations
 
@@ -41,21 +43,22 @@ def test_every_linear_layer_is_packed_and_describe_says_so(smollm2_packed_wide):
                                                 f"weights of {len(layers)} linear layers packed once by MKL")
 
 
-def test_a_one_token_pass_gives_the_stock_logits_bit_for_bit(smollm2, smollm2_packed_wide):
+@torch.no_grad()
+def one_token_logits_agree(base, packed, tok) -> bool:
     """Same cache, one new token: every product is a one-row product, the stock one."""
     from transformers import DynamicCache
 
-    base, tok = smollm2
-    packed, _ = smollm2_packed_wide
     ids = chat_ids(tok, "Name three rivers in Africa.")
-    with torch.no_grad():
-        cache = DynamicCache(config=base.config)
-        base(ids[:, :-1], cache=cache, use_cache=True)
-        mirror = DynamicCache(config=base.config)
-        base(ids[:, :-1], cache=mirror, use_cache=True)
-        stock = base(ids[:, -1:], cache=cache, use_cache=True).logits
-        same = packed(ids[:, -1:], cache=mirror, use_cache=True).logits
-    assert torch.equal(stock, same)
+    cache, mirror = DynamicCache(config=base.config), DynamicCache(config=base.config)
+    base(ids[:, :-1], cache=cache, use_cache=True)
+    base(ids[:, :-1], cache=mirror, use_cache=True)
+    stock = base(ids[:, -1:], cache=cache, use_cache=True).logits
+    return torch.equal(stock, packed(ids[:, -1:], cache=mirror, use_cache=True).logits)
+
+
+def test_a_one_token_pass_gives_the_stock_logits_bit_for_bit(smollm2, smollm2_packed_wide):
+    base, tok = smollm2
+    assert one_token_logits_agree(base, smollm2_packed_wide[0], tok)
 
 
 def test_default_decoder_on_two_prompts_of_every_task(smollm2, smollm2_packed_wide, smol_cases):
@@ -112,3 +115,34 @@ def test_gemma_on_its_texts_and_past_its_sliding_window(gemma3, gemma3_packed_wi
     ref = greedy(base, long_ids, 32, exact=True)
     assert long_ids.shape[1] < WINDOW <= ref.shape[1]
     assert torch.equal(decoder.generate(long_ids, max_new_tokens=32, drafter="esp", num_masks=2, budget=30), ref)
+
+
+# ------------------------------------------------------------------------------- oneDNN's packing
+def test_onednn_every_linear_layer_packed_and_one_token_pass_bit_for_bit(smollm2, smollm2_packed_onednn):
+    base, tok = smollm2
+    packed, _ = smollm2_packed_onednn
+    layers = [m for m in packed.modules() if isinstance(m, torch.nn.Linear)]
+    assert layers and all(isinstance(m, WideLinear) for m in layers)
+    assert "linear layers packed once by oneDNN" in probe_mtp.describe(packed)
+    assert one_token_logits_agree(base, packed, tok)
+
+
+def test_onednn_default_decoder_on_a_prompt_of_every_task_and_a_batch(smollm2, smollm2_packed_onednn, smol_cases):
+    base, tok = smollm2
+    packed, _ = smollm2_packed_onednn
+    decoder = ProbeDecoder(packed, tok)
+    bad = [task for task, ids, ref in smol_cases[::2]
+           if not torch.equal(decoder.generate(ids, max_new_tokens=NEW), ref)]
+    assert not bad, f"differs from model.generate on the stock float32 model: {bad}"
+    ids, mask = left_padded([ids for _, ids, _ in smol_cases[1:6:2]] + [chat_ids(tok, "Say hello.")], tok.pad_token_id)
+    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    assert torch.equal(decoder.generate(ids, attention_mask=mask, max_new_tokens=24), ref)
+
+
+@pytest.mark.gemma
+def test_onednn_gemma_on_its_texts(gemma3, gemma3_packed_onednn, greedy):
+    base, tok = gemma3
+    decoder = ProbeDecoder(gemma3_packed_onednn[0], tok)
+    for text in GEMMA_TEXTS:
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        assert torch.equal(decoder.generate(ids, max_new_tokens=32), greedy(base, ids, 32, exact=True)), text

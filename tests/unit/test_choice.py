@@ -15,12 +15,13 @@ from transformers import AutoModelForCausalLM
 
 import probe_mtp
 from probe_mtp import choice as auto
-from probe_mtp.choice import (CONFIDENT_SHARE, CONFIDENT_TAU, PACKED_WIDE_FP32, PREPARED_BF16, PREPARED_FP32, STOCK_FP32,
-                              AutoChoice,
-                              Candidate, Loader, choose, load_fastest, seconds_per_token)
+from probe_mtp.choice import (CONFIDENT_SHARE, CONFIDENT_TAU, PACKED_WIDE_FP32, PACKED_WIDE_FP32_ONEDNN,
+                              PREPARED_BF16, PREPARED_FP32, STOCK_FP32, AutoChoice, Candidate, Loader, choose,
+                              load_fastest, seconds_per_token)
 from probe_mtp.cost import CostCurve
 from probe_mtp.kernels import Processor, processor
 from probe_mtp.optimize import AUTO_ATTRIBUTE
+from probe_mtp.wide import wide_kernel
 
 # every linear layer 64 x 64: optimize checks one weight shape (each shape costs it about a second)
 STD = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, intermediate_size=64,
@@ -41,6 +42,10 @@ FLAT_BF16 = curve({1: 32.0, 2: 36.0, 4: 38.0, 8: 39.0, 16: 41.0, 32: 49.0})
 SLOW_WIDE_BF16 = curve({1: 53.0, 2: 52.7, 4: 64.0, 8: 98.5, 16: 174.0, 32: 310.0})
 GEMMA_LIKE_BF16 = curve({1: 63.0, 2: 61.3, 4: 90.5, 8: 150.6, 16: 266.7, 32: 505.9})
 GEMMA_LIKE_FP32 = curve({1: 61.5, 2: 95.2, 4: 99.2, 8: 106.5, 16: 131.1, 32: 191.4})
+
+
+WIDE = (PACKED_WIDE_FP32, PACKED_WIDE_FP32_ONEDNN)
+ALL = [STOCK_FP32, *WIDE, PREPARED_BF16, PREPARED_FP32]
 
 
 def tiny(config: str = "LlamaConfig", dtype: torch.dtype = torch.float32, **kwargs):
@@ -64,7 +69,7 @@ class Curves:
 
 def configuration(model) -> str:
     if probe_mtp.is_packed_wide(model):
-        return PACKED_WIDE_FP32
+        return PACKED_WIDE_FP32_ONEDNN if wide_kernel(model) == "onednn" else PACKED_WIDE_FP32
     if not probe_mtp.is_optimized(model):
         return STOCK_FP32
     return PREPARED_BF16 if model.dtype == torch.bfloat16 else PREPARED_FP32
@@ -129,18 +134,19 @@ def test_a_choice_round_trips_through_its_dictionary():
 
 # ------------------------------------------------------------------------------- loading, the cache
 @pytest.mark.cpu_only  # prepares on this processor
-@pytest.mark.parametrize("winner", [PREPARED_BF16, PREPARED_FP32, STOCK_FP32, PACKED_WIDE_FP32])
+@pytest.mark.parametrize("winner", [PREPARED_BF16, PREPARED_FP32, STOCK_FP32, *WIDE])
 def test_auto_loads_the_winner_says_why_once_and_later_loads_measure_nothing(tmp_path, caplog, winner):
-    given = {STOCK_FP32: STEEP, PREPARED_FP32: PACKED_FP32, PREPARED_BF16: FLAT_BF16, PACKED_WIDE_FP32: STEEP}
+    given = {STOCK_FP32: STEEP, PREPARED_FP32: PACKED_FP32, PREPARED_BF16: FLAT_BF16, PACKED_WIDE_FP32: STEEP,
+             PACKED_WIDE_FP32_ONEDNN: STEEP}
     given[winner] = curve({1: 10.0, 32: 12.0})  # whichever is to win is far faster
     curves = Curves(**given)
     first = loader(tmp_path, curves, cpu=Processor("Test CPU", frozenset({"amx_bf16"}), True))
     with caplog.at_level(logging.INFO, logger="probe_mtp"):
         model, _ = load_fastest(first)
     assert configuration(model) == winner
-    assert sorted(curves.measured) == sorted([STOCK_FP32, PACKED_WIDE_FP32, PREPARED_BF16, PREPARED_FP32])
+    assert sorted(curves.measured) == sorted(ALL)
     # float32 loaded once; stock or packed float32 after the float32 model was prepared in place: loaded again
-    assert first.loads == [torch.float32] * (2 if winner in (STOCK_FP32, PACKED_WIDE_FP32) else 1)
+    assert first.loads == [torch.float32] * (2 if winner in (STOCK_FP32, *WIDE) else 1)
     lines = auto_lines(caplog)
     assert len(lines) == 1 and lines[0].startswith(f"dtype auto: {winner} (expected ")
     assert "curves measured now in" in lines[0] and str(tmp_path) in lines[0]
@@ -152,7 +158,7 @@ def test_auto_loads_the_winner_says_why_once_and_later_loads_measure_nothing(tmp
     again = loader(tmp_path, curves, cpu=first.cpu)
     with caplog.at_level(logging.INFO, logger="probe_mtp"):
         model, _ = load_fastest(again)
-    assert len(curves.measured) == 4  # nothing measured again
+    assert len(curves.measured) == len(ALL)  # nothing measured again
     assert again.loads == [torch.bfloat16 if winner == PREPARED_BF16 else torch.float32]  # only the winner
     assert configuration(model) == winner
     lines = auto_lines(caplog)
@@ -162,7 +168,7 @@ def test_auto_loads_the_winner_says_why_once_and_later_loads_measure_nothing(tmp
 def test_the_cache_folder_is_probe_mtp_cache_dir_and_a_damaged_file_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_MTP_CACHE_DIR", str(tmp_path / "cache"))
     curves = Curves(**{STOCK_FP32: STEEP, PREPARED_FP32: PACKED_FP32, PREPARED_BF16: FLAT_BF16,
-                       PACKED_WIDE_FP32: STEEP})
+                       PACKED_WIDE_FP32: STEEP, PACKED_WIDE_FP32_ONEDNN: STEEP})
     load_fastest(loader(None, curves))
     (kept,) = (tmp_path / "cache").glob("dtype-choice-*.json")
     kept.write_text("{not json")
@@ -191,14 +197,14 @@ def test_kernels_held_back_by_the_environment_keep_their_own_choice(monkeypatch)
 
 # ------------------------------------------------------------------------------- refusals
 def test_a_model_optimize_refuses_stays_stock_float32_with_the_reason(tmp_path, caplog):
-    curves = Curves(**{STOCK_FP32: STEEP, PACKED_WIDE_FP32: STEEP})
+    curves = Curves(**{STOCK_FP32: STEEP, PACKED_WIDE_FP32: STEEP, PACKED_WIDE_FP32_ONEDNN: STEEP})
     moe = loader(tmp_path, curves, "Qwen3MoeConfig", head_dim=16, num_experts=4, num_experts_per_tok=2,
                  moe_intermediate_size=64)
     with caplog.at_level(logging.INFO, logger="probe_mtp"):
         model, _ = load_fastest(moe)
     assert configuration(model) == STOCK_FP32 and model.dtype == torch.float32
     # prepared ones refused: not loaded again; packed for wide passes measured (its attention and MLPs' linear layers)
-    assert curves.measured == [STOCK_FP32, PACKED_WIDE_FP32] and moe.loads == [torch.float32]
+    assert curves.measured == [STOCK_FP32, *WIDE] and moe.loads == [torch.float32]
     (line,) = auto_lines(caplog)
     assert line.startswith("dtype auto: stock float32 (expected 31.4 ms/token: decoding at c(1) 34.0 ms, 30% of steps at N=16")
     assert "prepared float32 not measured (Qwen3MoeForCausalLM computes with weights outside linear layers" in line
@@ -218,11 +224,11 @@ def test_without_bf16_units_bf16_is_measured_too_and_kept_where_it_wins(tmp_path
     tokens a pass yet ran 0.96x float32 generate, its long prompts read slowly); a curve 0.6x
     float32's everywhere takes bf16."""
     curves = Curves(**{STOCK_FP32: fp32, PREPARED_FP32: curve({1: 80.0, 32: 400.0}), PREPARED_BF16: bf16,
-                       PACKED_WIDE_FP32: fp32})
+                       PACKED_WIDE_FP32: fp32, PACKED_WIDE_FP32_ONEDNN: fp32})
     old = loader(tmp_path, curves, cpu=Processor("Old CPU", frozenset(), False))
     model, _ = load_fastest(old)
     assert configuration(model) == winner
-    assert sorted(curves.measured) == sorted([PREPARED_BF16, PREPARED_FP32, STOCK_FP32, PACKED_WIDE_FP32])
+    assert sorted(curves.measured) == sorted(ALL)
     assert "Old CPU (no bf16 matrix units), " in probe_mtp.describe(model)
 
 
@@ -260,18 +266,19 @@ def test_preparing_a_model_auto_loaded_drops_the_note():
     assert "dtype auto" not in probe_mtp.describe(model)
 
 
-def test_without_mkl_packed_float32_is_not_measured_and_a_kept_packed_choice_loads_stock(tmp_path, monkeypatch):
-    """Where this torch carries no MKL (macOS, ARM), packing for wide passes is refused with the
-    reason, never attempted: stock float32 (or a prepared configuration) is chosen, and a packed
-    choice kept by another build loads stock float32, saying why."""
+def test_without_mkl_packed_float32_by_mkl_is_not_measured_and_a_kept_mkl_choice_loads_stock(tmp_path, monkeypatch):
+    """Where this torch carries no MKL (macOS, ARM), packing by MKL is refused with the reason, never
+    attempted; oneDNN's packing is measured instead, and wins where it is faster.  A choice of MKL's
+    packing kept by another build loads stock float32, saying why."""
     from probe_mtp import mkl_gemm
 
     monkeypatch.setattr(mkl_gemm, "available", lambda: False)
     curves = Curves(**{STOCK_FP32: STEEP, PREPARED_BF16: curve({1: 90.0, 32: 400.0}),
-                       PREPARED_FP32: curve({1: 90.0, 32: 400.0})})
+                       PREPARED_FP32: curve({1: 90.0, 32: 400.0}), PACKED_WIDE_FP32_ONEDNN: PACKED_FP32})
     model, _ = load_fastest(loader(tmp_path, curves, cpu=Processor("Test CPU", frozenset({"amx_bf16"}), True)))
-    assert configuration(model) == STOCK_FP32 and PACKED_WIDE_FP32 not in curves.measured
+    assert configuration(model) == PACKED_WIDE_FP32_ONEDNN and PACKED_WIDE_FP32 not in curves.measured
     assert "float32 packed for wide passes not measured (this torch carries no MKL" in probe_mtp.describe(model)
+    assert "packed once by oneDNN (probe_mtp.pack_wide)" in probe_mtp.describe(model)
 
     other = loader(tmp_path / "other", Curves())
     key = auto.choice_key(other.identity, other.attn_implementation, other.device, other.cpu)
@@ -281,3 +288,16 @@ def test_without_mkl_packed_float32_is_not_measured_and_a_kept_packed_choice_loa
     assert configuration(model) == STOCK_FP32 and other.loads == [torch.float32]
     assert "the kept choice, float32 packed for wide passes, was refused now: this torch carries no MKL" in \
         probe_mtp.describe(model)
+
+
+def test_without_mkl_or_onednn_neither_packing_is_measured(tmp_path, monkeypatch):
+    from probe_mtp import mkl_gemm
+
+    monkeypatch.setattr(mkl_gemm, "available", lambda: False)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    curves = Curves(**{STOCK_FP32: STEEP, PREPARED_BF16: curve({1: 90.0, 32: 400.0}),
+                       PREPARED_FP32: curve({1: 90.0, 32: 400.0})})
+    model, _ = load_fastest(loader(tmp_path, curves, cpu=Processor("Test CPU", frozenset(), False)))
+    assert configuration(model) == STOCK_FP32 and not set(WIDE) & set(curves.measured)
+    described = probe_mtp.describe(model)
+    assert "float32 packed for wide passes by oneDNN not measured (this torch is built without oneDNN" in described
