@@ -29,8 +29,7 @@ and ``state_dict`` keys stay as they were; :func:`unpack_wide` turns it back).  
 made at packing and again after the weight changes (``load_state_dict``, a move); off the CPU, in
 another dtype, or where autograd records the product (tuning mask vectors backpropagates through
 the frozen model) a product is the stock one.  The copies cost memory: MKL reserves 2-9x a weight's
-bytes for its packed form (a small weight most) and touches about twice them; oneDNN's copy is
-the weight's size.
+bytes for its packed form (a small weight most) and touches about twice them.
 """
 
 from __future__ import annotations
@@ -77,7 +76,6 @@ KERNELS = {
     MKL: WideKernel("MKL, wide products only", lambda: mkl_gemm.available(), mkl_gemm.pack, mkl_gemm.product),
     ONEDNN: WideKernel("oneDNN, wide products only", _onednn_available, _onednn_pack, _onednn_product),
 }
-WIDE_KERNEL = KERNELS[MKL].label  # kept for callers of the MKL-only release
 
 
 class PackWideError(ValueError):
