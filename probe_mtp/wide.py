@@ -103,6 +103,8 @@ class _WideProducts:
         if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" \
                 or weight.device.type != "cpu":
             return False
+        if weight.is_inference():  # no version counter: a packed copy could not tell a change in place
+            return False
         return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
 
     def _packed(self) -> torch.Tensor:
@@ -200,6 +202,10 @@ def why_not_pack_wide(model, kernel: str | None = None) -> str | None:
     if found != {(torch.float32, "cpu")}:
         where = ", ".join(sorted(f"{str(dtype).replace('torch.', '')} on {device}" for dtype, device in found))
         return f"packing is for float32 weights on the CPU; this model's linear layers hold {where}"
+    if any(module.weight.is_inference() for module in layers):
+        return ("its weights were made under torch.inference_mode, which keeps no version counter, so a packed copy "
+                "could not tell when a weight changes; load or build the model outside inference_mode (using it "
+                "under inference_mode afterwards is fine)")
     return None
 
 

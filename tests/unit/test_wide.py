@@ -93,6 +93,22 @@ def test_copies_and_pickles_pack_again_instead_of_copying_the_packed_bytes(kerne
         assert torch.equal(model(x[:1]), stock(x[:1]))
 
 
+def test_weights_made_under_inference_mode_are_refused_and_packed_models_run_under_it(kernel):
+    """Inference tensors keep no version counter, so a packed copy could go stale unseen: such
+    weights are refused with the reason; a model packed first runs under inference_mode as usual."""
+    with torch.inference_mode():
+        made_there = toy()
+    with pytest.raises(PackWideError, match="made under torch.inference_mode"):
+        pack_wide(made_there, kernel)
+    assert type(made_there[0]) is nn.Linear
+    stock = toy()
+    packed = pack_wide(copy.deepcopy(stock), kernel)
+    with torch.inference_mode():
+        x = torch.randn(5, 64)
+        assert torch.allclose(packed(x), stock(x), rtol=1e-5, atol=1e-5)
+        assert torch.equal(packed(x[:1]), stock(x[:1]))
+
+
 def test_moves_other_dtypes_and_autograd_take_the_stock_product(kernel):
     stock = toy()
     packed = pack_wide(copy.deepcopy(stock), kernel)
