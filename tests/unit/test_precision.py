@@ -61,6 +61,34 @@ def test_a_prepared_model_is_exact(tiny):
     assert "bfloat16" in exactness_warning(model)
 
 
+@pytest.mark.parametrize("setting", ["medium", "fp32_precision"])
+def test_float32_on_a_cpu_with_bf16_units_is_warned_of_when_onednn_may_multiply_it_in_bf16(tiny, monkeypatch, setting):
+    """torch.set_float32_matmul_precision("medium") lets oneDNN multiply float32 in bf16 on a CPU
+    with bf16 matrix units (measured on AMX: a stock float32 product off by 0.2 instead of 1e-5);
+    without such units it changes nothing, so nothing is said."""
+    from probe_mtp import kernels
+
+    with_units = kernels.Processor("Test CPU", frozenset({"amx_bf16"}), True)
+    monkeypatch.setattr(kernels, "processor", lambda: with_units)
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    try:
+        if setting == "medium":
+            torch.set_float32_matmul_precision("medium")
+        else:
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        message = exactness_warning(tiny)
+        assert message is not None and "may run in bf16 inside oneDNN" in message
+        assert "torch.set_float32_matmul_precision('highest')" in message and "near-ties" in message
+        assert not tf32_matmuls() or setting == "medium"  # the mixed switches do not make the CUDA query raise
+        monkeypatch.setattr(kernels, "processor", lambda: kernels.Processor("Old CPU", frozenset(), False))
+        assert exactness_warning(tiny) is None
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = before
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.set_float32_matmul_precision("highest")
+    assert exactness_warning(tiny) is None
+
+
 def test_cuda_reduced_precision_names_the_tf32_switches():
     message = exactness_warning(on_cuda(torch.bfloat16))
     assert "bfloat16 on cuda:0" in message and TF32_OFF in message and "probe_mtp.optimize(model)" in message
