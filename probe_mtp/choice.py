@@ -350,8 +350,9 @@ def _load_chosen(loader: Loader, choice: AutoChoice):
 def _measure_and_choose(loader: Loader):
     """Measure each candidate holding as little as it can: the float32 model as loaded (stock), the
     same packed for wide passes by MKL and by oneDNN (each unpacked again), a bf16 copy prepared,
-    then the float32 model prepared in place; keep the winner.  Stock or packed float32 winning after the float32 model
-    was prepared costs a second float32 load (a preparation cannot be undone in place)."""
+    then the float32 model prepared in place; keep the winner.  Stock or packed float32 winning
+    after the float32 model was prepared costs a second float32 load (a preparation cannot be undone
+    in place)."""
     model, tokenizer = loader(torch.float32)
     start = time.perf_counter()  # what choosing costs beyond the float32 load: preparing and measuring
     candidates = [Candidate(STOCK_FP32, loader.measure(model)),

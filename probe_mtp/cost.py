@@ -420,8 +420,8 @@ def curve_key(model, split_head: bool = False) -> dict:
     linear = sorted({m.kind for m in model.modules() if isinstance(m, PackedLinear)})
     if linear:  # prepared by optimize: how its linear layers compute (oneDNN, MKL, stock)
         key["linear"] = linear
-    elif wide_kernel(model) is not None:  # float32 packed for wide products (probe_mtp.pack_wide)
-        key["linear"] = [KERNELS[wide_kernel(model)].label]
+    elif (packed := wide_kernel(model)) is not None:  # float32 packed for wide products (probe_mtp.pack_wide)
+        key["linear"] = [KERNELS[packed].label]
     return key
 
 

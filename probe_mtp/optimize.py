@@ -43,7 +43,7 @@ from .kernels import (
     packing,
     processor,
 )
-from .wide import wide_kernel, wide_layers
+from .wide import KERNELS, wide_kernel, wide_layers
 
 PREPARED_ATTRIBUTE = "_probe_mtp_prepared"
 AUTO_ATTRIBUTE = "_probe_mtp_auto"  # what dtype="auto" chose for a model (probe_mtp.choice.AutoChoice)
@@ -90,9 +90,8 @@ def describe(model) -> str:
     record = model.__dict__.get(PREPARED_ATTRIBUTE)
     if not isinstance(record, Prepared):
         packed = wide_layers(model)
-        by = {"mkl": "MKL", "onednn": "oneDNN"}.get(wide_kernel(model), wide_kernel(model))
         kernels = (f"stock one-row products, products of 2+ rows with the weights of {packed} linear layers packed "
-                   f"once by {by} (probe_mtp.pack_wide)" if packed else "stock kernels")
+                   f"once by {KERNELS[wide_kernel(model)].by} (probe_mtp.pack_wide)" if packed else "stock kernels")
         return f"{_name(model.dtype)}, {kernels}, {_attention(model)} attention" + _auto_note(model)
     return ", ".join([_name(model.dtype), _where(model, record), _linear_kernels(model, record),
                       _attention_state(model)]) + _auto_note(model)

@@ -50,9 +50,10 @@ ONEDNN_ROWS = 8
 
 class WideKernel(NamedTuple):
     """How the products of two rows or more are computed: ``pack(weight [out, in]) -> packed`` once,
-    then ``product(x2d, packed, out_features, bias) -> [rows, out]``; ``label`` names it in cost-curve
-    keys and in :func:`probe_mtp.describe`."""
+    then ``product(x2d, packed, out_features, bias) -> [rows, out]``; ``by`` names the library
+    (:func:`probe_mtp.describe`), ``label`` the kernel in cost-curve keys."""
 
+    by: str
     label: str
     available: Callable[[], bool]
     pack: Callable[[torch.Tensor], torch.Tensor]
@@ -73,8 +74,8 @@ def _onednn_product(x2d: torch.Tensor, packed: torch.Tensor, out_features: int,
 
 
 KERNELS = {
-    MKL: WideKernel("MKL, wide products only", lambda: mkl_gemm.available(), mkl_gemm.pack, mkl_gemm.product),
-    ONEDNN: WideKernel("oneDNN, wide products only", _onednn_available, _onednn_pack, _onednn_product),
+    MKL: WideKernel("MKL", "MKL, wide products only", lambda: mkl_gemm.available(), mkl_gemm.pack, mkl_gemm.product),
+    ONEDNN: WideKernel("oneDNN", "oneDNN, wide products only", _onednn_available, _onednn_pack, _onednn_product),
 }
 
 

@@ -20,14 +20,11 @@ import probe_mtp
 from probe_mtp import mkl_gemm
 from probe_mtp.wide import KERNELS, PackWideError, WideConv1D, WideLinear, pack_wide, unpack_wide, wide_kernel
 
-BY = {"mkl": "MKL", "onednn": "oneDNN"}
-
-
 @pytest.fixture(params=list(KERNELS))
 def kernel(request) -> str:
     """Each packing this torch carries (MKL's, oneDNN's)."""
     if not KERNELS[request.param].available():
-        pytest.skip(f"this torch carries no {BY[request.param]} to pack with")
+        pytest.skip(f"this torch carries no {KERNELS[request.param].by} to pack with")
     return request.param
 
 
@@ -131,7 +128,7 @@ def test_a_tied_model_stays_tied_and_unpacking_restores_the_stock_classes(kernel
     assert model.lm_head.weight is model.get_input_embeddings().weight and type(model.lm_head) is WideLinear
     assert torch.allclose(model(ids).logits, before, rtol=1e-4, atol=1e-5)
     assert probe_mtp.is_packed_wide(model)
-    assert f"packed once by {BY[kernel]} (probe_mtp.pack_wide)" in probe_mtp.describe(model)
+    assert f"packed once by {KERNELS[kernel].by} (probe_mtp.pack_wide)" in probe_mtp.describe(model)
     unpack_wide(model)
     assert not probe_mtp.is_packed_wide(model) and type(model.lm_head) is nn.Linear
     assert "_wide_pack" not in model.lm_head.__dict__ and wide_kernel(model) is None
