@@ -14,8 +14,9 @@ per new token the default decoder can expect with it, from its measured cost cur
 :data:`CHOICE_CONTEXT`-token cache: plain one-input passes on most steps and, on
 :data:`CONFIDENT_SHARE` of them, a pass of the width N that suits c best, accepting
 :data:`CONFIDENT_TAU` [N] tokens (:func:`seconds_per_token`), plus reading
-:data:`PROMPT_TOKENS_PER_NEW_TOKEN` prompt tokens in wide passes. The lowest score wins, stock
-float32 unless beaten by more than :data:`STOCK_PREFERENCE`.
+:data:`PROMPT_TOKENS_PER_NEW_TOKEN` prompt tokens in wide passes (:func:`measure_prompt_reading`: a
+:data:`PREFILL_WIDTH`-input pass with logits at its last input only, as the prompt pass runs). The
+lowest score wins, stock float32 unless beaten by more than :data:`STOCK_PREFERENCE`.
 
 The processor decides: on a 2-core Intel Xeon with AMX a prepared bf16 pass over 16 inputs cost 1.4
 one-token float32 passes (a float32 one 2.0), so prepared bf16 won there for both embedded models
@@ -80,7 +81,8 @@ CONFIDENT_TAU = {2: 1.9, 4: 2.1, 8: 2.6, 16: 3.0, 32: 3.3}
 # 1.31x float32 generate, as close), and the stock model is what model.generate runs without probe-mtp
 STOCK_PREFERENCE = 0.05
 # a request's prompt is read in wide passes before decoding: each configuration is also charged this
-# many prompt tokens per new token at its cost per token in a pass of PREFILL_WIDTH inputs.  Spec-Bench's
+# many prompt tokens per new token at its cost per token in a pass of PREFILL_WIDTH inputs (with
+# logits at the last input only, as the prompt pass computes them: measure_prompt_reading).  Spec-Bench's
 # first turns average 310 prompt tokens (SmolLM2's chat template) against 128 new ones by default.
 # Without it, Gemma 3 held to AVX2 chose prepared bf16 (42.9 against 53.1 ms/token decoding) and ran at
 # 0.96x float32 generate: bf16 without bf16 units read long prompts at a quarter of float32's speed
@@ -92,11 +94,12 @@ CHOICE_SIZES = (1, *CONFIDENT_TAU, PREFILL_WIDTH)
 # prepared float32 looked faster than it decodes
 CHOICE_CONTEXT = 384
 CHOICE_ROUNDS = 3
-# 7: float32 packed for wide passes by oneDNN measured too; 6: float32 packed for wide passes measured
-# too; 5: prepared bf16's lone rows unpadded where the row check allows; 4: prepared float32 packed
-# once by MKL, steps credited as a mix, 384-token cache; 3: prompts charged; 2: bf16 measured without
-# bf16 units too
-CHOICE_FORMAT = "probe-mtp-dtype-choice/7"
+# 8: prompt reading measured as the prompt pass runs (logits at its last input only), not taken from
+# the curve's 64-input pass (logits at every input); 7: float32 packed for wide passes by oneDNN
+# measured too; 6: float32 packed for wide passes measured too; 5: prepared bf16's lone rows unpadded
+# where the row check allows; 4: prepared float32 packed once by MKL, steps credited as a mix,
+# 384-token cache; 3: prompts charged; 2: bf16 measured without bf16 units too
+CHOICE_FORMAT = "probe-mtp-dtype-choice/8"
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,12 @@ class Candidate:
     name: str
     curve: CostCurve | None = None
     refused: str | None = None
+    prompt: float | None = None  # seconds per prompt token, read as a prompt is (None: from the curve)
+
+    def prompt_seconds(self) -> float:
+        """Seconds per prompt token: as measured (:func:`measure_prompt_reading`), else estimated from
+        the curve's :data:`PREFILL_WIDTH`-input pass (logits at every row: an overestimate)."""
+        return self.prompt if self.prompt is not None else prefill_seconds_per_token(self.curve)
 
     def score(self) -> tuple[float, int] | None:
         """``(expected seconds per new token, prompt reading included, and the pass width that gives
@@ -115,7 +124,7 @@ class Candidate:
         if self.curve is None:
             return None
         seconds, width = seconds_per_token(self.curve)
-        return seconds + PROMPT_TOKENS_PER_NEW_TOKEN * prefill_seconds_per_token(self.curve), width
+        return seconds + PROMPT_TOKENS_PER_NEW_TOKEN * self.prompt_seconds(), width
 
     def summary(self) -> str:
         """``"prepared float32 28.4 ms/token (N=8)"``, or ``"prepared bfloat16 not measured (why)"``."""
@@ -127,12 +136,13 @@ class Candidate:
 
     def as_dict(self) -> dict:
         return {"name": self.name, "curve": None if self.curve is None else self.curve.as_dict(),
-                "refused": self.refused}
+                "refused": self.refused, "prompt": self.prompt}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Candidate":
-        curve = data.get("curve")
-        return cls(str(data["name"]), None if curve is None else CostCurve.from_dict(curve), data.get("refused"))
+        curve, prompt = data.get("curve"), data.get("prompt")
+        return cls(str(data["name"]), None if curve is None else CostCurve.from_dict(curve), data.get("refused"),
+                   None if prompt is None else float(prompt))
 
 
 def prefill_seconds_per_token(curve: CostCurve) -> float:
@@ -210,7 +220,7 @@ def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> A
 
     (seconds, width), _, best = min(scored, key=lambda item: (expected(item), item[1]))
     others = [c.summary() for c in candidates if c is not best]
-    prefill = PROMPT_TOKENS_PER_NEW_TOKEN * prefill_seconds_per_token(best.curve)
+    prefill = PROMPT_TOKENS_PER_NEW_TOKEN * best.prompt_seconds()
     decoding = (f"plain decoding (c(1) {best.curve.cost(1) * 1e3:.1f} ms)" if width == 1 else
                 f"decoding at c(1) {best.curve.cost(1) * 1e3:.1f} ms, {CONFIDENT_SHARE:.0%} of steps at "
                 f"N={width} (c({width}) {best.curve.cost(width) * 1e3:.1f} ms / tau {CONFIDENT_TAU[width]})")
@@ -273,6 +283,16 @@ def measure_choice_curve(model) -> CostCurve:
                               long_context=None)
 
 
+def measure_prompt_reading(model) -> float:
+    """Seconds per prompt token as the decoder reads a prompt: a pass over :data:`PREFILL_WIDTH`
+    inputs after a :data:`CHOICE_CONTEXT`-token cache with logits at the last input only (the
+    prompt pass computes the output layer on a few rows; the curve's passes on every row, which for
+    Gemma 3's 262k-token output layer, and for bf16 without bf16 units, is most of their cost)."""
+    curve = measure_cost_curve(model, sizes=(1, PREFILL_WIDTH), context=CHOICE_CONTEXT, rounds=CHOICE_ROUNDS,
+                               long_context=None, logits_to_keep=1)
+    return curve.cost(PREFILL_WIDTH) / PREFILL_WIDTH
+
+
 def bf16_copy(model):
     """A copy of the float32 ``model`` with every parameter cast to bf16 (round to nearest even, the
     weights a bf16 load gives), made without a second float32 copy; ties stay tied."""
@@ -285,8 +305,10 @@ class Loader:
     """How ``dtype="auto"`` gets at a model: ``load(dtype) -> (model, tokenizer)`` loads it afresh,
     ``identity`` names its files (the cache key), ``device`` and ``attn_implementation`` as asked,
     ``measure(model) -> CostCurve`` times a configuration (:func:`measure_choice_curve`; tests pass
-    fixed curves), ``directory`` is the cache folder (None: :func:`~probe_mtp.cost.cache_dir`) and
-    ``cpu`` the processor whose oneDNN decides whether bf16 is measured at all (this machine's)."""
+    fixed curves), ``measure_prompt(model) -> seconds`` its prompt reading per token
+    (:func:`measure_prompt_reading`; None: estimated from the curve), ``directory`` is the cache
+    folder (None: :func:`~probe_mtp.cost.cache_dir`) and ``cpu`` the processor whose oneDNN decides
+    whether bf16 is measured at all (this machine's)."""
 
     load: Callable
     identity: dict
@@ -294,6 +316,7 @@ class Loader:
     attn_implementation: str = "sdpa"
     measure: Callable = measure_choice_curve
     directory: Path | None = None
+    measure_prompt: Callable | None = measure_prompt_reading
     cpu: Processor = field(default_factory=processor)
     loads: list = field(default_factory=list)  # the dtypes loaded, in order (what a load cost)
 
@@ -355,13 +378,13 @@ def _measure_and_choose(loader: Loader):
     in place)."""
     model, tokenizer = loader(torch.float32)
     start = time.perf_counter()  # what choosing costs beyond the float32 load: preparing and measuring
-    candidates = [Candidate(STOCK_FP32, loader.measure(model)),
-                  *(_packed_wide_candidate(model, loader.measure, name) for name in WIDE_PACKINGS)]
-    bf16, found = _bf16_candidate(model, loader.measure)
+    candidates = [_measured(STOCK_FP32, model, loader),
+                  *(_packed_wide_candidate(model, loader, name) for name in WIDE_PACKINGS)]
+    bf16, found = _bf16_candidate(model, loader)
     candidates.append(found)
     refused = optimize_if_supported(model, torch.float32)
     candidates.append(Candidate(PREPARED_FP32, refused=refused) if refused else
-                      Candidate(PREPARED_FP32, loader.measure(model)))
+                      _measured(PREPARED_FP32, model, loader))
     choice = choose(candidates, f"{loader.cpu.describe()}, {torch.get_num_threads()} threads")
     choice = AutoChoice(choice.name, choice.reason, choice.candidates, time.perf_counter() - start)
     if choice.name == PREPARED_BF16:
@@ -377,7 +400,13 @@ def _measure_and_choose(loader: Loader):
     return model, tokenizer, choice
 
 
-def _packed_wide_candidate(model, measure: Callable, name: str = PACKED_WIDE_FP32) -> Candidate:
+def _measured(name: str, model, loader: Loader) -> Candidate:
+    """Configuration ``name`` as ``model`` is now, its curve and prompt reading measured."""
+    prompt = None if loader.measure_prompt is None else float(loader.measure_prompt(model))
+    return Candidate(name, loader.measure(model), prompt=prompt)
+
+
+def _packed_wide_candidate(model, loader: Loader, name: str = PACKED_WIDE_FP32) -> Candidate:
     """The float32 ``model`` packed for wide passes (:func:`probe_mtp.pack_wide`) with the kernel of
     configuration ``name``, measured, then unpacked again; refused where this torch lacks that
     kernel."""
@@ -386,7 +415,7 @@ def _packed_wide_candidate(model, measure: Callable, name: str = PACKED_WIDE_FP3
     if refused is not None:
         return Candidate(name, refused=refused)
     try:
-        return Candidate(name, measure(pack_wide(model, kernel)))
+        return _measured(name, pack_wide(model, kernel), loader)
     finally:
         unpack_wide(model)
         _return_freed_memory()
@@ -401,7 +430,7 @@ def _return_freed_memory() -> None:
         trim()
 
 
-def _bf16_candidate(model, measure: Callable):
+def _bf16_candidate(model, loader: Loader):
     """``(the prepared bf16 copy or None, its Candidate)``: measured wherever ``optimize`` prepares
     the copy (on a processor without bf16 units, with the stock products: slow when wide, which its
     curve shows)."""
@@ -409,4 +438,4 @@ def _bf16_candidate(model, measure: Callable):
     refused = optimize_if_supported(copied, torch.bfloat16)
     if refused is not None:
         return None, Candidate(PREPARED_BF16, refused=refused)
-    return copied, Candidate(PREPARED_BF16, measure(copied))
+    return copied, _measured(PREPARED_BF16, copied, loader)

@@ -251,6 +251,7 @@ def measure_cost_curve(
     long_context: int | None = LONG_CONTEXT,
     head=None,
     head_rows: tuple[int, ...] = HEAD_ROWS,
+    logits_to_keep: int = 0,
 ) -> CostCurve:
     """Time one forward pass over N new inputs on top of a ``context``-token cache, and of a
     ``long_context``-token one, for each N in ``sizes``: a few untimed warm-up passes, then
@@ -261,7 +262,9 @@ def measure_cost_curve(
 
     With ``head`` (a usable :class:`~probe_mtp.head.SplitHead`) the output layer is first timed
     alone at each of ``head_rows`` rows, then each pass runs as the decoder runs it: the backbone,
-    then the output layer on the rows :meth:`CostCurve.head_padding` pads N to.
+    then the output layer on the rows :meth:`CostCurve.head_padding` pads N to.  Without it,
+    ``logits_to_keep`` (transformers' argument; 0: every row) says how many of the last rows get
+    logits: 1 times a pass as a prompt is read.
 
     Each pass is timed by a :class:`~probe_mtp.clock.DeviceClock` on the model's device: on an
     accelerator the time the device spent on it (events on its stream, after the work queued
@@ -294,7 +297,7 @@ def measure_cost_curve(
         attn = attention_inputs(cache, visible, positions, fmt)
         inputs = dict(input_ids=ids[:, ctx : ctx + n], attention_mask=attn, position_ids=positions[None], cache=cache, use_cache=True)
         if head is None:
-            _, elapsed = clock.elapsed(model, **inputs)
+            _, elapsed = clock.elapsed(model, **inputs, logits_to_keep=logits_to_keep)
         else:
             _, elapsed = clock.elapsed(lambda: head.logits(head.hidden_states(**inputs), rows=int(padding[n])))
         keep_accepted(cache, n, np.zeros(0, dtype=np.int64))

@@ -80,7 +80,7 @@ def loader(tmp_path, curves: Curves, config: str = "LlamaConfig", device: str = 
     def load(dtype):
         return tiny(config, dtype, **kwargs), None
 
-    return Loader(load, {"source": f"tiny {config}"}, torch.device(device), "sdpa", curves, tmp_path,
+    return Loader(load, {"source": f"tiny {config}"}, torch.device(device), "sdpa", curves, tmp_path, None,
                   cpu=cpu or processor())
 
 
@@ -123,6 +123,49 @@ def test_the_lowest_expected_time_wins_and_the_reason_names_every_candidate():
     assert choose([Candidate(PREPARED_BF16, a_little_faster), Candidate(STOCK_FP32, STEEP)], WHERE).name == STOCK_FP32
     faster = curve({n: t * 0.9 for n, t in zip(STEEP.sizes, (s * 1e3 for s in STEEP.seconds))})
     assert choose([Candidate(PREPARED_BF16, faster), Candidate(STOCK_FP32, STEEP)], WHERE).name == PREPARED_BF16
+
+
+def test_prompt_reading_as_measured_replaces_the_curves_estimate():
+    """The curve's 64-input pass computes logits at every input; a prompt pass only at its last, so
+    where the output layer is dear when wide (bf16 without bf16 units) the curve overcharges prompt
+    reading.  A candidate's measured prompt cost, where given, is what it is charged."""
+    dear_wide = curve({1: 30.0, 2: 50.0, 4: 70.0, 8: 110.0, 16: 190.0, 32: 350.0, 64: 670.0})
+    estimated = Candidate(PREPARED_BF16, dear_wide)
+    measured = Candidate(PREPARED_BF16, dear_wide, prompt=0.002)
+    assert estimated.prompt_seconds() == pytest.approx(0.670 / 64)
+    assert measured.score()[0] == pytest.approx(estimated.score()[0] - 2.0 * (0.670 / 64 - 0.002))
+    assert choose([Candidate(STOCK_FP32, STEEP), estimated], WHERE).name == STOCK_FP32
+    found = choose([Candidate(STOCK_FP32, STEEP, prompt=0.004), measured], WHERE)
+    assert found.name == PREPARED_BF16 and "4.0 ms reading 2 prompt tokens" in found.reason
+    again = Candidate.from_dict(json.loads(json.dumps(measured.as_dict())))
+    assert again == measured
+
+
+def test_auto_measures_each_candidates_prompt_reading_when_asked(tmp_path):
+    given = {STOCK_FP32: STEEP, PREPARED_FP32: PACKED_FP32, PREPARED_BF16: FLAT_BF16, PACKED_WIDE_FP32: STEEP,
+             PACKED_WIDE_FP32_ONEDNN: STEEP}
+    prompts = []
+
+    def prompt(model):
+        prompts.append(configuration(model))
+        return 0.001
+
+    first = loader(tmp_path, Curves(**given), cpu=Processor("Test CPU", frozenset({"amx_bf16"}), True))
+    first.measure_prompt = prompt
+    model, _ = load_fastest(first)
+    assert sorted(prompts) == sorted(ALL)
+    kept = model.__dict__[AUTO_ATTRIBUTE]
+    assert all(c.prompt == 0.001 for c in kept.candidates if c.curve is not None)
+
+
+def test_prompt_reading_is_measured_with_logits_at_the_last_input_only():
+    """On a real (tiny) model: a positive time per prompt token, from a pass whose output layer ran
+    on one row (counted by a hook on it)."""
+    model = tiny(vocab_size=512)
+    rows = []
+    model.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[-2]))
+    seconds = auto.measure_prompt_reading(model)
+    assert 0 < seconds < 1 and rows and set(rows) == {1}
 
 
 def test_a_choice_round_trips_through_its_dictionary():
