@@ -4,6 +4,7 @@ and (where the user has network) hub ids."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import json
@@ -315,6 +316,7 @@ def _save_weights(model, path: Path) -> None:
     """The model's weights as one safetensors file, each shared tensor once under the name
     transformers itself saves for it: a tied output layer is stored as the input embedding
     (``model.embed_tokens.weight``), which is the name other engines (vLLM) read for tied models."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     state = model.state_dict()
@@ -331,7 +333,24 @@ def _save_weights(model, path: Path) -> None:
         keep = min(names, key=lambda n: (n not in preferred, n))
         kept[keep] = state[keep].contiguous()
         metadata.update({n: keep for n in names if n != keep})  # as safetensors' save_model records it
-    save_file(kept, str(path), metadata=metadata)
+    _check_room(path.parent, sum(t.numel() * t.element_size() for t in kept.values()))
+    try:
+        save_file(kept, str(path), metadata=metadata)
+    except SafetensorError as exc:  # a full disk, a write error: an OSError like any other failed write
+        raise OSError(f"writing {path.name} failed: {exc}") from exc
+
+
+# room kept free beside the weights (config, tokenizer, the file system's own blocks)
+ROOM_MARGIN = 64 << 20
+
+
+def _check_room(folder: Path, needed: int) -> None:
+    """An OSError saying how much room a write of ``needed`` bytes lacks, before it starts (a write
+    that fills the disk halfway would fail later, and fail whatever else is writing there)."""
+    free = shutil.disk_usage(folder).free
+    if free < needed + ROOM_MARGIN:
+        raise OSError(errno.ENOSPC, f"the copy needs {(needed + ROOM_MARGIN) / 2**20:.0f} MB and "
+                                    f"{folder.parent} has {free / 2**20:.0f} MB free")
 
 
 def _rename_tied(folder: Path) -> None:

@@ -94,6 +94,34 @@ def test_an_unwritable_cache_costs_a_warning_not_the_load(gguf, tmp_path, monkey
     assert model.config.vocab_size == 32
 
 
+def test_a_full_disk_is_named_before_the_copy_is_written(gguf, monkeypatch):
+    """Too little room for the copy: the load warns how much it needs and has, reads the GGUF file
+    and leaves no partial folder; converted_copy (for vLLM) raises a RuntimeError saying the same.
+    A write that fails inside safetensors all the same is an OSError like any other."""
+    from collections import namedtuple
+
+    from safetensors import SafetensorError
+
+    path, reads = gguf
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(loading.shutil, "disk_usage", lambda folder: usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.warns(UserWarning, match=r"the copy needs \d+ MB and .* has 1 MB free"):
+        model, _ = loading.load_model(str(path))
+    assert model.config.vocab_size == 32 and reads == [torch.float32]
+    assert not list(loading.converted_dir(path).parent.iterdir())[1:]  # the lock file only
+    with pytest.raises(RuntimeError, match=r"could not write the converted copy of tiny.gguf .* 1 MB free"):
+        loading.converted_copy(str(path))
+    monkeypatch.setattr(loading.shutil, "disk_usage", lambda folder: usage(1 << 40, 0, 1 << 40))
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    with pytest.warns(UserWarning, match="writing model.safetensors failed: .*No space left"):
+        loading.load_model(str(path))
+    assert reads == [torch.float32] * 3 and not (loading.converted_dir(path) / loading.CONVERTED_DONE).exists()
+
+
 def test_dtype_auto_measures_once_per_model_and_says_which_in_one_line(gguf, caplog):
     """load_model(dtype="auto") through the converted copy: the first load measures and keeps its
     choice in $PROBE_MTP_CACHE_DIR, the second reads it and loads only the chosen configuration; each
