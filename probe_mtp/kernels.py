@@ -227,6 +227,22 @@ class RowPlan:
         return tuple(sorted({bucket_rows(rows, self.most, self.least) for rows in range(1, self.most + 1)}))
 
 
+def describe_plans(plans) -> str:
+    """Several layers' plans in one phrase: the padding scheme once, with each call's largest row
+    count and where a lone row is padded, and each block size."""
+    padded = [plan for plan in plans if not plan.block]
+    parts = []
+    if padded:
+        most = " or ".join(str(m) for m in sorted({plan.most for plan in padded}))
+        lone = sorted({plan.least for plan in padded if plan.least > 1})
+        where = "" if all(plan.least > 1 for plan in padded) else " in some layers"
+        lone_rows = f"; a lone row padded to {' or '.join(map(str, lone))}{where}" if lone else ""
+        parts.append(f"calls zero-padded to a few row counts (up to 8 as they are, then by 8 to 128, by 16 to 256, "
+                     f"by 32 beyond; at most {most} rows a call{lone_rows})")
+    parts += [f"rows in blocks of {block}" for block in sorted({plan.block for plan in plans if plan.block})]
+    return ", ".join(parts)
+
+
 def bucket_rows(rows: int, most: int = MOST_ROWS, least: int = 2) -> int:
     """The row count a call of ``rows`` rows (``1 <= rows <= most``) is padded to: ``least`` (2: a
     lone row becomes two) for ``rows`` up to it, the count itself up to 8, the next multiple of 8 up
@@ -437,9 +453,9 @@ class RowPlans:
 
     def describe(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> str:
         """The plans chosen so far (on ``device`` in ``dtype`` where given)."""
-        kinds = sorted({plan.describe() for key, plan in self._plans.items()
-                        if (device is None or key.device == torch.device(device)) and (dtype is None or key.dtype == dtype)})
-        return ", ".join(kinds) if kinds else "row plans checked on first use"
+        plans = {plan for key, plan in self._plans.items()
+                 if (device is None or key.device == torch.device(device)) and (dtype is None or key.dtype == dtype)}
+        return describe_plans(plans) if plans else "row plans checked on first use"
 
 
 def _as_out_in(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -26,6 +26,7 @@ from probe_mtp.kernels import (
     RowVarianceError,
     bucket_rows,
     choose_row_plan,
+    describe_plans,
     exact_attention,
     math_settings,
     rows_agree,
@@ -278,6 +279,17 @@ def test_calls_are_padded_to_a_few_row_counts_that_the_check_covers():
     calls.clear()
     assert rows_agree(kernel, 8, RowPlan(0, 128))
     assert sorted(set(calls)) == list(RowPlan(0, 128).widths()) and calls.count(16) == 1
+
+
+def test_the_plans_of_a_model_are_told_in_one_phrase():
+    """What describe() shows: the padding scheme once, the largest calls and lone-row padding
+    merged (not one copy of the scheme per layer shape), then each block size."""
+    mixed = describe_plans({RowPlan(0, 128, 1), RowPlan(0, 512, 1), RowPlan(0, 512, 2), RowPlan(16)})
+    assert mixed.count("zero-padded") == 1 and "at most 128 or 512 rows a call" in mixed
+    assert "a lone row padded to 2 in some layers" in mixed and mixed.endswith("rows in blocks of 16")
+    assert describe_plans({RowPlan(0, 512, 2)}).endswith("at most 512 rows a call; a lone row padded to 2)")
+    assert "lone" not in describe_plans({RowPlan(0, 128, 1)})
+    assert describe_plans({RowPlan(8)}) == RowPlan(8).describe() == "rows in blocks of 8"
 
 
 # ------------------------------------------------------------------------------- PackedLinear as a layer
