@@ -33,6 +33,7 @@ thread count: later loads read it and load only the chosen configuration.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import hashlib
 import json
@@ -45,6 +46,7 @@ from typing import Callable
 
 import torch
 
+from .contention import QUIET_SHARE, run_watched
 from .cost import CostCurve, accelerator_name, cache_dir, measure_cost_curve
 from .heap import heap_trimmer
 from .kernels import Processor, kernel_environment, processor
@@ -94,12 +96,16 @@ CHOICE_SIZES = (1, *CONFIDENT_TAU, PREFILL_WIDTH)
 # prepared float32 looked faster than it decodes
 CHOICE_CONTEXT = 384
 CHOICE_ROUNDS = 3
-# 8: prompt reading measured as the prompt pass runs (logits at its last input only), not taken from
-# the curve's 64-input pass (logits at every input); 7: float32 packed for wide passes by oneDNN
-# measured too; 6: float32 packed for wide passes measured too; 5: prepared bf16's lone rows unpadded
-# where the row check allows; 4: prepared float32 packed once by MKL, steps credited as a mix,
-# 384-token cache; 3: prompts charged; 2: bf16 measured without bf16 units too
-CHOICE_FORMAT = "probe-mtp-dtype-choice/8"
+# measurements of one configuration at most, while other work keeps taking its cores
+MEASURE_TRIES = 3
+# 9: configurations measured again while other work takes their cores (a choice kept before may
+# have been measured so, unseen); 8: prompt reading measured as the prompt pass runs (logits at its
+# last input only), not taken from the curve's 64-input pass (logits at every input); 7: float32
+# packed for wide passes by oneDNN measured too; 6: float32 packed for wide passes measured too; 5:
+# prepared bf16's lone rows unpadded where the row check allows; 4: prepared float32 packed once by
+# MKL, steps credited as a mix, 384-token cache; 3: prompts charged; 2: bf16 measured without bf16
+# units too
+CHOICE_FORMAT = "probe-mtp-dtype-choice/9"
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ class Candidate:
     curve: CostCurve | None = None
     refused: str | None = None
     prompt: float | None = None  # seconds per prompt token, read as a prompt is (None: from the curve)
+    # the share of its cores other work took in the quietest of its measurements (None: quiet, or unknown)
+    contended: float | None = None
 
     def prompt_seconds(self) -> float:
         """Seconds per prompt token: as measured (:func:`measure_prompt_reading`), else estimated from
@@ -132,17 +140,18 @@ class Candidate:
         if found is None:
             return f"{self.name} not measured ({self.refused})"
         seconds, width = found
-        return f"{self.name} {seconds * 1e3:.1f} ms/token (N={width})"
+        busy = "" if self.contended is None else f", measured while other work took {self.contended:.0%} of its cores"
+        return f"{self.name} {seconds * 1e3:.1f} ms/token (N={width}{busy})"
 
     def as_dict(self) -> dict:
         return {"name": self.name, "curve": None if self.curve is None else self.curve.as_dict(),
-                "refused": self.refused, "prompt": self.prompt}
+                "refused": self.refused, "prompt": self.prompt, "contended": self.contended}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Candidate":
-        curve, prompt = data.get("curve"), data.get("prompt")
+        curve, prompt, contended = data.get("curve"), data.get("prompt"), data.get("contended")
         return cls(str(data["name"]), None if curve is None else CostCurve.from_dict(curve), data.get("refused"),
-                   None if prompt is None else float(prompt))
+                   None if prompt is None else float(prompt), None if contended is None else float(contended))
 
 
 def prefill_seconds_per_token(curve: CostCurve) -> float:
@@ -224,7 +233,8 @@ def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> A
     decoding = (f"plain decoding (c(1) {best.curve.cost(1) * 1e3:.1f} ms)" if width == 1 else
                 f"decoding at c(1) {best.curve.cost(1) * 1e3:.1f} ms, {CONFIDENT_SHARE:.0%} of steps at "
                 f"N={width} (c({width}) {best.curve.cost(width) * 1e3:.1f} ms / tau {CONFIDENT_TAU[width]})")
-    reason = (f"expected {seconds * 1e3:.1f} ms/token: {decoding} and {prefill * 1e3:.1f} ms reading "
+    busy = "" if best.contended is None else f" (measured while other work took {best.contended:.0%} of its cores)"
+    reason = (f"expected {seconds * 1e3:.1f} ms/token{busy}: {decoding} and {prefill * 1e3:.1f} ms reading "
               f"{PROMPT_TOKENS_PER_NEW_TOKEN:g} prompt tokens, against " + ", ".join(others) + f"; {where}")
     return AutoChoice(best.name, reason, tuple(candidates))
 
@@ -319,6 +329,9 @@ class Loader:
     measure_prompt: Callable | None = measure_prompt_reading
     cpu: Processor = field(default_factory=processor)
     loads: list = field(default_factory=list)  # the dtypes loaded, in order (what a load cost)
+    # ``watch(run, threads) -> (run(), share of the cores other work took)``: a configuration measured
+    # while others held the cores is measured again (None: measured once, unwatched; tests)
+    watch: Callable | None = run_watched
 
     def __call__(self, dtype: torch.dtype):
         self.loads.append(dtype)
@@ -401,9 +414,34 @@ def _measure_and_choose(loader: Loader):
 
 
 def _measured(name: str, model, loader: Loader) -> Candidate:
-    """Configuration ``name`` as ``model`` is now, its curve and prompt reading measured."""
-    prompt = None if loader.measure_prompt is None else float(loader.measure_prompt(model))
-    return Candidate(name, loader.measure(model), prompt=prompt)
+    """Configuration ``name`` as ``model`` is now, its curve and prompt reading measured; measured
+    again, up to :data:`MEASURE_TRIES` times, while other work took more than
+    :data:`~probe_mtp.contention.QUIET_SHARE` of its cores (each size keeps its fastest time over
+    the tries: such work only ever adds time)."""
+    def measure():
+        prompt = None if loader.measure_prompt is None else float(loader.measure_prompt(model))
+        return loader.measure(model), prompt
+
+    curve, prompt, contended = None, None, None
+    for _ in range(MEASURE_TRIES if loader.watch is not None else 1):
+        if loader.watch is None:
+            (found, found_prompt), contended = measure(), None
+        else:
+            (found, found_prompt), contended = loader.watch(measure, torch.get_num_threads())
+        curve = found if curve is None else fastest_of(curve, found)
+        prompt = found_prompt if prompt is None or found_prompt is None else min(prompt, found_prompt)
+        if contended is None or contended <= QUIET_SHARE:
+            contended = None
+            break
+        log.debug("dtype auto: %s measured while other work took %.0f%% of its cores", name, 100 * contended)
+    return Candidate(name, curve, prompt=prompt, contended=contended)
+
+
+def fastest_of(a: CostCurve, b: CostCurve) -> CostCurve:
+    """Per size, the faster of two measurements of one configuration's curve (same sizes)."""
+    if a.sizes != b.sizes or a.context != b.context:
+        raise ValueError("two curves of one configuration are measured at the same sizes and context")
+    return dataclasses.replace(a, seconds=tuple(map(min, a.seconds, b.seconds)))
 
 
 def _packed_wide_candidate(model, loader: Loader, name: str = PACKED_WIDE_FP32) -> Candidate:

@@ -106,7 +106,8 @@ def test_dtype_auto_gives_a_model_identical_to_its_own_generate(smollm2, tmp_pat
     def load(dtype):
         return (bf16_copy(base) if dtype == torch.bfloat16 else copy.deepcopy(base)), tok
 
-    model, _ = load_fastest(Loader(load, {"source": "session smollm2"}, base.device, directory=tmp_path))
+    # measured once (watch=None): beside the suite's other process every try would be contended
+    model, _ = load_fastest(Loader(load, {"source": "session smollm2"}, base.device, directory=tmp_path, watch=None))
     name = model.__dict__[AUTO_ATTRIBUTE].name
     assert (model.dtype, probe_mtp.is_optimized(model)) == CONFIGURATIONS[name]
     for text in ("Name three rivers in Africa.", "Write a haiku about rain."):

@@ -80,8 +80,9 @@ def loader(tmp_path, curves: Curves, config: str = "LlamaConfig", device: str = 
     def load(dtype):
         return tiny(config, dtype, **kwargs), None
 
+    watch = kwargs.pop("watch", None)  # measured once, unwatched (the test processes contend for the cores)
     return Loader(load, {"source": f"tiny {config}"}, torch.device(device), "sdpa", curves, tmp_path, None,
-                  cpu=cpu or processor())
+                  cpu=cpu or processor(), watch=watch)
 
 
 def auto_lines(caplog) -> list[str]:
@@ -218,6 +219,53 @@ def test_the_cache_folder_is_probe_mtp_cache_dir_and_a_damaged_file_is_measured_
     load_fastest(loader(None, curves))
     assert len(curves.measured) == 2 * len(set(curves.measured))  # measured again, and written again
     assert json.loads(kept.read_text())["format"] == auto.CHOICE_FORMAT
+
+
+def test_a_configuration_measured_while_other_work_took_its_cores_is_measured_again(tmp_path):
+    """The watch says other work took the cores: that configuration is measured again, up to
+    MEASURE_TRIES times, each size keeping its fastest time; a try found quiet ends it, and one
+    that never is says so in the candidate's summary and, when it wins, in the choice's reason."""
+    slow_first = {STOCK_FP32: [curve({1: 90.0, 32: 200.0}), curve({1: 40.0, 32: 300.0})]}
+    busy = {STOCK_FP32: [0.4, 0.0], PREPARED_BF16: [0.5, 0.3, 0.2]}
+    tries: list[str] = []
+
+    class Measure(Curves):
+        def __call__(self, model):
+            name = configuration(model)
+            self.measured.append(name)
+            found = slow_first.get(name)
+            return found[self.measured.count(name) - 1] if found else self.by_name[name]
+
+    def watch(run, threads):  # the share other work took in this try of the configuration just measured
+        result = run()
+        return result, busy.get(tries[-1], [0.0])[tries.count(tries[-1]) - 1]
+
+    measure = Measure(**{STOCK_FP32: None, PREPARED_FP32: PACKED_FP32, PREPARED_BF16: curve({1: 5.0, 32: 9.0}),
+                         PACKED_WIDE_FP32: STEEP, PACKED_WIDE_FP32_ONEDNN: STEEP})
+
+    def counted(model):  # the measure call records which configuration the watch is watching
+        tries.append(configuration(model))
+        return measure(model)
+
+    found = loader(tmp_path, counted, watch=watch, cpu=Processor("Test CPU", frozenset({"amx_bf16"}), True))
+    model, _ = load_fastest(found)
+    assert tries.count(STOCK_FP32) == 2 and tries.count(PREPARED_BF16) == auto.MEASURE_TRIES
+    assert tries.count(PREPARED_FP32) == 1 and tries.count(PACKED_WIDE_FP32) == 1  # quiet at once
+    choice = model.__dict__[AUTO_ATTRIBUTE]
+    stock = next(c for c in choice.candidates if c.name == STOCK_FP32)
+    assert stock.curve.seconds == curve({1: 40.0, 32: 200.0}).seconds and stock.contended is None
+    bf16 = next(c for c in choice.candidates if c.name == PREPARED_BF16)
+    assert bf16.contended == pytest.approx(0.2) and choice.name == PREPARED_BF16
+    assert "(measured while other work took 20% of its cores)" in choice.reason
+    assert "measured while other work" not in stock.summary()
+    assert Candidate.from_dict(json.loads(json.dumps(bf16.as_dict()))) == bf16
+
+
+def test_the_fastest_of_two_curves_is_taken_size_by_size():
+    fastest = auto.fastest_of(curve({1: 9.0, 8: 10.0}), curve({1: 7.0, 8: 12.0}))
+    assert fastest.seconds == curve({1: 7.0, 8: 10.0}).seconds
+    with pytest.raises(ValueError, match="same sizes"):
+        auto.fastest_of(curve({1: 9.0, 8: 10.0}), curve({1: 7.0, 16: 12.0}))
 
 
 def test_the_key_names_the_model_processor_torch_and_threads():
