@@ -140,6 +140,19 @@ def processor_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def processor_vendor() -> str:
+    """The processor's vendor as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``);
+    empty where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.lower().startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _cpu_flags() -> frozenset:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:

@@ -172,10 +172,17 @@ def wide_kernel(model) -> str | None:
     return next((module._wide_kernel for module in model.modules() if isinstance(module, _WideProducts)), None)
 
 
-def default_kernel() -> str | None:
-    """The kernel :func:`pack_wide` takes unless told: MKL where this torch carries it (the faster
-    of the two on every processor measured so far but one), else oneDNN; None where neither."""
-    return next((name for name, kernel in KERNELS.items() if kernel.available()), None)
+def default_kernel(vendor: str | None = None) -> str | None:
+    """The kernel :func:`pack_wide` takes unless told: on an Intel processor MKL where this torch
+    carries it (on a Xeon, free and held to AVX2, the faster of the two), elsewhere oneDNN (on AMD
+    EPYCs, with AVX2 only or AVX512-BF16, MKL's packed products ran 1.4-2x slower than oneDNN's
+    at 2-16 rows); the other where that one is absent; None where neither.  ``vendor``: the
+    processor's (:func:`~probe_mtp.kernels.processor_vendor`, this machine's by default)."""
+    from .kernels import processor_vendor
+
+    vendor = processor_vendor() if vendor is None else vendor
+    order = (MKL, ONEDNN) if vendor == "GenuineIntel" else (ONEDNN, MKL)
+    return next((name for name in order if KERNELS[name].available()), None)
 
 
 def why_not_pack_wide(model, kernel: str | None = None) -> str | None:
@@ -213,8 +220,8 @@ def why_not_pack_wide(model, kernel: str | None = None) -> str | None:
 def pack_wide(model, kernel: str | None = None):
     """Pack every float32 linear layer of ``model`` (on the CPU) once for its products of two rows or
     more, in place; one-row products stay the stock ones (see the module's notes for what that
-    guarantees).  ``kernel``: ``"mkl"`` (the MKL inside torch), ``"onednn"``, or None: MKL where
-    this torch carries it, else oneDNN (:func:`default_kernel`).  Returns the model.
+    guarantees).  ``kernel``: ``"mkl"`` (the MKL inside torch), ``"onednn"``, or None: MKL on an
+    Intel processor, oneDNN elsewhere, where this torch carries them (:func:`default_kernel`).  Returns the model.
     :class:`PackWideError` (nothing changed) where it cannot: the kernel absent from this torch,
     weights not float32 on the CPU, a model prepared by ``optimize`` or packed already."""
     reason = why_not_pack_wide(model, kernel)

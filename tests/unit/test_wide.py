@@ -18,7 +18,8 @@ from transformers.pytorch_utils import Conv1D
 
 import probe_mtp
 from probe_mtp import mkl_gemm
-from probe_mtp.wide import KERNELS, PackWideError, WideConv1D, WideLinear, pack_wide, unpack_wide, wide_kernel
+from probe_mtp.wide import (KERNELS, PackWideError, WideConv1D, WideLinear, default_kernel, pack_wide, unpack_wide,
+                            wide_kernel)
 
 @pytest.fixture(params=list(KERNELS))
 def kernel(request) -> str:
@@ -178,13 +179,17 @@ def test_refusals_say_why_and_change_nothing(monkeypatch):
     assert type(plain[0]) is nn.Linear
 
 
-def test_the_default_kernel_is_mkl_where_this_torch_carries_it_else_onednn(monkeypatch):
+def test_the_default_kernel_is_mkl_on_intel_and_onednn_elsewhere_each_where_this_torch_carries_it(monkeypatch):
     if not KERNELS["onednn"].available():
         pytest.skip("this torch carries no oneDNN")
+    from probe_mtp.kernels import processor_vendor
+
+    assert default_kernel("AuthenticAMD") == default_kernel("") == "onednn"
     if mkl_gemm.available():
-        assert wide_kernel(pack_wide(toy())) == "mkl"
+        assert default_kernel("GenuineIntel") == "mkl"
+        assert wide_kernel(pack_wide(toy())) == ("mkl" if processor_vendor() == "GenuineIntel" else "onednn")
     monkeypatch.setattr(mkl_gemm, "available", lambda: False)
-    assert wide_kernel(pack_wide(toy())) == "onednn"
+    assert default_kernel("GenuineIntel") == "onednn" and wide_kernel(pack_wide(toy())) == "onednn"
 
 
 def test_optimize_takes_a_packed_model_as_it_would_the_stock_one(kernel):
