@@ -87,6 +87,7 @@ class Processor:
     flags: frozenset = field(default_factory=frozenset)
     onednn_bf16: bool = False
     onednn_float32: bool = True
+    vendor: str = ""  # /proc/cpuinfo's vendor_id: GenuineIntel, AuthenticAMD ("" where unknown)
 
     @property
     def matrix_units(self) -> str | None:
@@ -128,29 +129,27 @@ def kernel_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in KERNEL_ENVIRONMENT if os.environ.get(name)}
 
 
-def processor_name() -> str:
-    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
+def _cpuinfo_field(name: str) -> str | None:
+    """The first ``name : value`` of ``/proc/cpuinfo`` (None where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
             for line in info:
-                if line.lower().startswith("model name"):
+                if line.lower().startswith(name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def processor_name() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def processor_vendor() -> str:
     """The processor's vendor as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``);
     empty where unknown."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.lower().startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo_field("vendor_id") or ""
 
 
 def _cpu_flags() -> frozenset:
@@ -175,7 +174,7 @@ def processor() -> Processor:
             onednn = False
     wanted = {"amx_bf16", "avx512_bf16"}
     return Processor(processor_name(), frozenset(f for f in _cpu_flags() if f in wanted), onednn,
-                     bool(torch.backends.mkldnn.is_available()))
+                     bool(torch.backends.mkldnn.is_available()), processor_vendor())
 
 
 def device_description(device: torch.device) -> str:
@@ -486,12 +485,13 @@ ONEDNN, MKL, STOCK = "oneDNN", "MKL", "stock"
 
 
 def packing(dtype: torch.dtype, cpu: "Processor | None" = None) -> str:
-    """How a CPU layer computing in ``dtype`` packs its weight here: float32 by MKL where this torch
-    has it (measured on a Xeon, free and held to AVX2, faster than oneDNN's packed float32 and than
-    the stock product at every width from 1 to 32 rows), else by oneDNN where it runs the dtype,
-    else not at all."""
+    """How a CPU layer computing in ``dtype`` packs its weight here: float32 on an Intel processor by
+    MKL where this torch has it (measured on a Xeon, free and held to AVX2, faster than oneDNN's
+    packed float32 and than the stock product at every width from 1 to 32 rows), elsewhere by
+    oneDNN (on an AMD EPYC MKL's packed products ran 1.4-2x slower than oneDNN's), by MKL where
+    oneDNN runs no float32; other dtypes by oneDNN where it runs them; else not at all."""
     cpu = cpu or processor()
-    if dtype == torch.float32 and mkl_gemm.available():
+    if dtype == torch.float32 and mkl_gemm.available() and (cpu.vendor == "GenuineIntel" or not cpu.packs(dtype)):
         return MKL
     return ONEDNN if cpu.packs(dtype) else STOCK
 

@@ -3,8 +3,8 @@ whatever device it is on.
 
 After it, ``model.generate`` and :func:`probe_mtp.generate` both run on the prepared model and give
 the same tokens: every linear layer becomes a :class:`~probe_mtp.kernels.PackedLinear` (on a CPU,
-its weight packed once, which is also faster: bf16 for oneDNN where it runs bf16, float32 by MKL;
-elsewhere, an accelerator included, the stock product on the plain weight), each under a row plan checked bit
+its weight packed once, which is also faster: bf16 for oneDNN where it runs bf16, float32 by MKL on
+an Intel processor and for oneDNN on others (see :func:`~probe_mtp.kernels.packing`); elsewhere, an accelerator included, the stock product on the plain weight), each under a row plan checked bit
 for bit against the one-row computation on that device before it is used; attention runs
 :func:`~probe_mtp.kernels.exact_attention`.  So a wide tree pass gives every row the bits a
 one-token pass gives it.  Nothing is checked per model name or device kind: a model is refused,
@@ -168,7 +168,8 @@ def optimize(model, dtype: torch.dtype = torch.bfloat16, *, require_matrix_units
     Every ``nn.Linear`` (and GPT-2 style ``Conv1D``) becomes a :class:`~probe_mtp.kernels.PackedLinear`
     computing in ``dtype``: on a CPU its weight packed once (bf16 for oneDNN, where it runs bf16: a
     tied output layer gets a packed copy while the embedding keeps its own for lookups; float32 by
-    MKL, where torch has it: a second copy of the weights, made at each layer's first product);
+    MKL on an Intel processor where torch has it, a second copy of the weights made at each layer's
+    first product, and for oneDNN on others);
     elsewhere the stock product on the plain weight (no copy where the weight is already in
     ``dtype``).  The
     other parameters are cast to ``dtype`` and the attention becomes

@@ -529,6 +529,10 @@ def test_float32_packing_falls_back_to_onednn_then_the_stock_product_without_mkl
     if mkl_gemm.available():
         assert kernels.packing(torch.float32, without) == kernels.MKL
         assert kernels.packing(torch.bfloat16, real) == (kernels.ONEDNN if real.onednn_bf16 else kernels.STOCK)
+        # float32 with both: MKL on an Intel processor, oneDNN on others (MKL ran slower on AMD EPYCs)
+        intel, amd = (kernels.Processor("x", frozenset(), False, True, vendor) for vendor in ("GenuineIntel", "AuthenticAMD"))
+        assert kernels.packing(torch.float32, intel) == kernels.MKL
+        assert kernels.packing(torch.float32, amd) == kernels.ONEDNN
 
 
 def test_a_lone_row_goes_unpadded_where_the_kernel_sums_it_alike():

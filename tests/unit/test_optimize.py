@@ -17,7 +17,7 @@ import transformers
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import probe_mtp
-from probe_mtp import kernels, mkl_gemm
+from probe_mtp import kernels
 from probe_mtp.kernels import EXACT_ATTENTION, PackedLinear, Processor
 from probe_mtp.optimize import OptimizeError, _check_can_optimize, weight_bytes
 
@@ -236,16 +236,18 @@ def test_a_row_variant_kernel_is_refused_naming_the_layer_and_the_model_is_left_
 
 # ------------------------------------------------------------------------------- float32
 def test_float32_is_a_dtype_like_bf16():
-    """optimize(model, torch.float32): the same layers and checks in float32 (packed once by MKL where
-    torch carries it, else by oneDNN where it runs float32), so float32 tree passes are row-invariant
-    too; no bf16 units needed."""
+    """optimize(model, torch.float32): the same layers and checks in float32 (packed once by MKL on an
+    Intel processor where torch carries it, else by oneDNN where it runs float32), so float32 tree
+    passes are row-invariant too; no bf16 units needed."""
     model = probe_mtp.optimize(tiny(), torch.float32)
     assert probe_mtp.is_optimized(model) and model.dtype == torch.float32
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert all(m.dtype == torch.float32 and m.kind == kernels.packing(torch.float32) for m in layers)
     assert probe_mtp.describe(model).startswith("float32, on cpu (")
-    if mkl_gemm.available():  # packed once by MKL: no repacking at calls of two rows or more
-        assert "linear weights packed once by MKL" in probe_mtp.describe(model)
+    # packed once: no repacking at calls of two rows or more
+    by = {kernels.MKL: "linear weights packed once by MKL", kernels.ONEDNN: "linear weights packed once for oneDNN"}
+    if kernels.packing(torch.float32) in by:
+        assert by[kernels.packing(torch.float32)] in probe_mtp.describe(model)
     gen = torch.Generator().manual_seed(6)
     one, wide = _passes(model, torch.randint(1, 256, (1, 30), generator=gen), torch.randint(1, 256, (1, 24), generator=gen))
     assert torch.equal(one, wide)
