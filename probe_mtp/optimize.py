@@ -4,7 +4,8 @@ whatever device it is on.
 After it, ``model.generate`` and :func:`probe_mtp.generate` both run on the prepared model and give
 the same tokens: every linear layer becomes a :class:`~probe_mtp.kernels.PackedLinear` (on a CPU,
 its weight packed once, which is also faster: bf16 for oneDNN where it runs bf16, float32 by MKL on
-an Intel processor and for oneDNN on others (see :func:`~probe_mtp.kernels.packing`); elsewhere, an accelerator included, the stock product on the plain weight), each under a row plan checked bit
+an Intel processor and for oneDNN on others (see :func:`~probe_mtp.kernels.packing`); elsewhere, an
+accelerator included, the stock product on the plain weight), each under a row plan checked bit
 for bit against the one-row computation on that device before it is used; attention runs
 :func:`~probe_mtp.kernels.exact_attention`.  So a wide tree pass gives every row the bits a
 one-token pass gives it.  Nothing is checked per model name or device kind: a model is refused,

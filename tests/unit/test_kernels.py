@@ -530,7 +530,7 @@ def test_float32_packing_falls_back_to_onednn_then_the_stock_product_without_mkl
         assert kernels.packing(torch.float32, without) == kernels.MKL
         assert kernels.packing(torch.bfloat16, real) == (kernels.ONEDNN if real.onednn_bf16 else kernels.STOCK)
         # float32 with both: MKL on an Intel processor, oneDNN on others (MKL ran slower on AMD EPYCs)
-        intel, amd = (kernels.Processor("x", frozenset(), False, True, vendor) for vendor in ("GenuineIntel", "AuthenticAMD"))
+        intel, amd = (kernels.Processor("x", frozenset(), False, True, v) for v in ("GenuineIntel", "AuthenticAMD"))
         assert kernels.packing(torch.float32, intel) == kernels.MKL
         assert kernels.packing(torch.float32, amd) == kernels.ONEDNN
 
