@@ -114,14 +114,15 @@ def packed_wide_copy(loaded, kernel: str | None = None):
 
 @pytest.fixture(scope="session")
 def smollm2_packed_wide(smollm2):
-    """The session's SmolLM2 packed for wide passes (float32, stock one-row products), a copy."""
-    return packed_wide_copy(smollm2)
+    """The session's SmolLM2 packed for wide passes by MKL (float32, stock one-row products), a copy
+    (named: the default kernel follows the processor's vendor, and oneDNN has fixtures of its own)."""
+    return packed_wide_copy(smollm2, "mkl")
 
 
 @pytest.fixture(scope="session")
 def gemma3_packed_wide(gemma3):
-    """The session's Gemma 3 270M packed for wide passes, a copy."""
-    return packed_wide_copy(gemma3)
+    """The session's Gemma 3 270M packed for wide passes by MKL, a copy."""
+    return packed_wide_copy(gemma3, "mkl")
 
 
 @pytest.fixture(scope="session")
