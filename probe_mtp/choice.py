@@ -422,12 +422,10 @@ def _measured(name: str, model, loader: Loader) -> Candidate:
         prompt = None if loader.measure_prompt is None else float(loader.measure_prompt(model))
         return loader.measure(model), prompt
 
+    watch = loader.watch or (lambda run, threads: (run(), None))  # unwatched: one try, taken as quiet
     curve, prompt, contended = None, None, None
-    for _ in range(MEASURE_TRIES if loader.watch is not None else 1):
-        if loader.watch is None:
-            (found, found_prompt), contended = measure(), None
-        else:
-            (found, found_prompt), contended = loader.watch(measure, torch.get_num_threads())
+    for _ in range(MEASURE_TRIES):
+        (found, found_prompt), contended = watch(measure, torch.get_num_threads())
         curve = found if curve is None else fastest_of(curve, found)
         prompt = found_prompt if prompt is None or found_prompt is None else min(prompt, found_prompt)
         if contended is None or contended <= QUIET_SHARE:

@@ -178,10 +178,12 @@ def default_kernel(vendor: str | None = None) -> str | None:
     EPYCs, with AVX2 only or AVX512-BF16, MKL's packed products ran 1.4-2x slower than oneDNN's
     at 2-16 rows); the other where that one is absent; None where neither.  ``vendor``: the
     processor's (:func:`~probe_mtp.kernels.processor_vendor`, this machine's by default)."""
-    from .kernels import processor
+    from dataclasses import replace
 
-    vendor = processor().vendor if vendor is None else vendor
-    order = (MKL, ONEDNN) if vendor == "GenuineIntel" else (ONEDNN, MKL)
+    from .kernels import mkl_first, processor
+
+    cpu = processor() if vendor is None else replace(processor(), vendor=vendor)
+    order = (MKL, ONEDNN) if mkl_first(cpu) else (ONEDNN, MKL)
     return next((name for name in order if KERNELS[name].available()), None)
 
 
