@@ -9,22 +9,27 @@ with the stock kernels, and float32 packed for wide passes (:func:`probe_mtp.pac
 one-row products, weights packed once for products of two rows or more, by MKL or by oneDNN,
 measured apart since which is faster depends on the processor; identical to
 ``model.generate`` on the stock model wherever stock float32 decoding is, as its wide products sum
-in another order than a one-row product just as the stock ones do). Each is scored by the seconds
+in another order than a one-row product just as the stock ones do). Each is judged by the seconds
 per new token the default decoder can expect with it, from its measured cost curve c after a
-:data:`CHOICE_CONTEXT`-token cache: plain one-input passes on most steps and, on
-:data:`CONFIDENT_SHARE` of them, a pass of the width N that suits c best, accepting
-:data:`CONFIDENT_TAU` [N] tokens (:func:`seconds_per_token`), plus reading
-:data:`PROMPT_TOKENS_PER_NEW_TOKEN` prompt tokens in wide passes (:func:`measure_prompt_reading`: a
-:data:`PREFILL_WIDTH`-input pass with logits at its last input only, as the prompt pass runs). The
-lowest score wins, stock float32 unless beaten by more than :data:`STOCK_PREFERENCE`.
+:data:`CHOICE_CONTEXT`-token cache: on most steps the narrow pass that costs least per token
+(:data:`WEAK_TAU`: one input, or two where that pays) and, on :data:`CONFIDENT_SHARE` of them, a pass
+of the width N that suits c best, accepting :data:`CONFIDENT_TAU` [N] tokens
+(:func:`seconds_per_token`), plus reading the prompt in wide passes (:func:`measure_prompt_reading`:
+a :data:`PREFILL_WIDTH`-input pass with logits at its last input only, as the prompt pass runs).  How
+many prompt tokens come with each new one is the workload's, so each configuration is judged at
+each ratio of :data:`PROMPT_RATIOS` (a chat turn to a long document) against the fastest there, and
+the one whose worst shortfall is least wins (:func:`shortfalls`), stock float32 credited with
+:data:`STOCK_PREFERENCE`.
 
 The processor decides: on a 2-core Intel Xeon with AMX a prepared bf16 pass over 16 inputs cost 1.4
 one-token float32 passes (a float32 one 2.0), so prepared bf16 won there for both embedded models
 (docs/exact-bf16.md). Without bf16 units, bf16 halves a pass bound by reading the weights but
 computes wide passes slowly (prompts too): it is measured there as well, and wins only where its
 narrow passes and its prompt reading beat float32's (for neither embedded model on the Xeon held to
-AVX2). There float32 packed for wide passes won for both (its one-input pass the stock one, its 2-
-and 8-input passes 1.2x and 1.5x that against stock's 1.6x and 1.8x). The choice, its one-line
+AVX2; on an AMD EPYC held to AVX2 it decoded fastest, and read prompts at a third of float32's
+speed). There float32 packed for wide passes won for both (its one-input pass the stock one, its 2-
+and 8-input passes 1.2x and 1.5x that against stock's 1.6x and 1.8x on the Xeon, 0.77x and 1.0x
+on the EPYC). The choice, its one-line
 reason and the curves are kept in the cost-curve cache folder (:func:`probe_mtp.cost.cache_dir`,
 ``$PROBE_MTP_CACHE_DIR`` where set), keyed by the model's files, the processor, torch's version and
 thread count: later loads read it and load only the chosen configuration.
@@ -42,7 +47,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -67,30 +72,41 @@ CONFIGURATIONS = {PREPARED_BF16: (torch.bfloat16, True), PREPARED_FP32: (torch.f
 # the configurations of probe_mtp.pack_wide and the kernel each packs with
 WIDE_PACKINGS = {PACKED_WIDE_FP32: MKL, PACKED_WIDE_FP32_ONEDNN: ONEDNN}
 # The default decoder sizes every step's pass from its drafts (budget="auto"): where they are weak it
-# runs a plain one-input pass, where they are long and likely (a copied span, a confident probe) a
-# wide one.  So a configuration is credited with a mix: CONFIDENT_SHARE of the steps at the pass
-# width N that suits its curve best, accepting CONFIDENT_TAU[N] tokens, the rest one-input passes.
-# A single tau per width (the first criterion: 1.5 at N=2 ... 2.3 at N=32 for every step) cannot
-# explain what was measured held to AVX2 on the Xeon: stock float32, whose 2-input pass costs 1.6
-# one-input passes, ran 1.28x float32 generate (tau 1.56), while prepared float32 (flatter, its
-# one-input pass 1.2x stock's) ran 1.05x (tau 1.76) though that criterion expected it 12% faster.
-# Calibrated on SmolLM2's and Gemma 3's runs on the Xeon, free and held to AVX2 (docs/exact-bf16.md)
+# runs a narrow pass, where they are long and likely (a copied span, a confident probe) a wide one.
+# So a configuration is credited with a mix: CONFIDENT_SHARE of the steps at the pass width N that
+# suits its curve best, accepting CONFIDENT_TAU[N] tokens, the rest at the narrow width that costs
+# least per token (WEAK_TAU).  A single tau per width (the first criterion: 1.5 at N=2 ... 2.3 at
+# N=32 for every step) cannot explain what was measured held to AVX2 on the Xeon: stock float32,
+# whose 2-input pass costs 1.6 one-input passes, ran 1.28x float32 generate (tau 1.56), while
+# prepared float32 (flatter, its one-input pass 1.2x stock's) ran 1.05x (tau 1.76) though that
+# criterion expected it 12% faster.  Calibrated on SmolLM2's and Gemma 3's runs on the Xeon, free
+# and held to AVX2 (docs/exact-bf16.md)
 CONFIDENT_SHARE = 0.3
 CONFIDENT_TAU = {2: 1.9, 4: 2.1, 8: 2.6, 16: 3.0, 32: 3.3}
+# a step with weak drafts: a one-input pass, or a two-input pass (a mask, or a likely draft) where
+# that costs less per token.  Before, weak steps were charged the one-input pass whatever it cost,
+# and float32 packed for wide passes by oneDNN, whose lone rows take the stock product and whose
+# pairs the packed one (on the AMD EPYC held to AVX2, SmolLM2: c(1) 57.8 ms, c(2) 44.3), lost
+# to prepared bf16 there (expected 43.4 against 40.2 ms/token) though it ran 1.69x float32 generate
+# against 1.32x: the decoder ran its every step at two inputs or more
+WEAK_TAU = {1: 1.0, 2: 1.3}
 # a prepared configuration is chosen only where it beats stock float32 by more than this share of its
 # expected time: closer than that the estimate cannot tell them apart (SmolLM2 on the Xeon: prepared
 # bf16 26.1 against stock float32 26.2 ms/token expected; measured in two quiet runs, 1.37x against
 # 1.31x float32 generate, as close), and the stock model is what model.generate runs without probe-mtp
 STOCK_PREFERENCE = 0.05
-# a request's prompt is read in wide passes before decoding: each configuration is also charged this
-# many prompt tokens per new token at its cost per token in a pass of PREFILL_WIDTH inputs (with
-# logits at the last input only, as the prompt pass computes them: measure_prompt_reading).  Spec-Bench's
-# first turns average 310 prompt tokens (SmolLM2's chat template) against 128 new ones by default.
-# Without it, Gemma 3 held to AVX2 chose prepared bf16 (42.9 against 53.1 ms/token decoding) and ran at
-# 0.96x float32 generate: bf16 without bf16 units read long prompts at a quarter of float32's speed
-PROMPT_TOKENS_PER_NEW_TOKEN = 2.0
+# a request's prompt is read in wide passes before decoding, at a configuration's cost per token in a
+# pass of PREFILL_WIDTH inputs (with logits at the last input only, as the prompt pass computes them:
+# measure_prompt_reading).  How many prompt tokens come with each new one is the workload's: in
+# Spec-Bench's stream at 96 new tokens, 0.14 (qa, Gemma 3) to 8 (summarization); 3.3 over SmolLM2's
+# stream, 2.45 over Gemma 3's.  A configuration is therefore judged at each of these ratios against
+# the fastest there, and the one whose worst shortfall is least is chosen: bf16 without bf16 units,
+# fast on short prompts (its one-input pass halved) and slow on long ones (wide products computed
+# slowly, prompts read at a third of float32's speed), ran summarization at 0.87x float32 generate
+# when chosen by a single ratio of 2
+PROMPT_RATIOS = (0.5, 1.0, 2.0, 4.0, 8.0)
 PREFILL_WIDTH = 64
-CHOICE_SIZES = (1, *CONFIDENT_TAU, PREFILL_WIDTH)
+CHOICE_SIZES = (1, *CONFIDENT_TAU, PREFILL_WIDTH)  # WEAK_TAU's widths among them
 # the cache a choice's passes read: Spec-Bench's first turns hold 310 prompt tokens and decode ~100
 # more.  Prepared configurations attend in float64, whose cost grows with the cache: at 128 tokens
 # prepared float32 looked faster than it decodes
@@ -98,14 +114,15 @@ CHOICE_CONTEXT = 384
 CHOICE_ROUNDS = 3
 # measurements of one configuration at most, while other work keeps taking its cores
 MEASURE_TRIES = 3
-# 9: configurations measured again while other work takes their cores (a choice kept before may
+# 10: weak steps at the cheaper of one and two inputs, prompts charged at every ratio of
+# PROMPT_RATIOS (the least worst shortfall wins); 9: configurations measured again while other work takes their cores (a choice kept before may
 # have been measured so, unseen); 8: prompt reading measured as the prompt pass runs (logits at its
 # last input only), not taken from the curve's 64-input pass (logits at every input); 7: float32
 # packed for wide passes by oneDNN measured too; 6: float32 packed for wide passes measured too; 5:
 # prepared bf16's lone rows unpadded where the row check allows; 4: prepared float32 packed once by
 # MKL, steps credited as a mix, 384-token cache; 3: prompts charged; 2: bf16 measured without bf16
 # units too
-CHOICE_FORMAT = "probe-mtp-dtype-choice/9"
+CHOICE_FORMAT = "probe-mtp-dtype-choice/10"
 
 
 @dataclass(frozen=True)
@@ -126,22 +143,24 @@ class Candidate:
         the curve's :data:`PREFILL_WIDTH`-input pass (logits at every row: an overestimate)."""
         return self.prompt if self.prompt is not None else prefill_seconds_per_token(self.curve)
 
-    def score(self) -> tuple[float, int] | None:
-        """``(expected seconds per new token, prompt reading included, and the pass width that gives
-        the decoding part)``, None when not measured."""
-        if self.curve is None:
-            return None
-        seconds, width = seconds_per_token(self.curve)
-        return seconds + PROMPT_TOKENS_PER_NEW_TOKEN * self.prompt_seconds(), width
+    def decoding(self) -> "DecodingEstimate | None":
+        """What the default decoder can expect per new token from the curve (:func:`seconds_per_token`),
+        None when not measured."""
+        return None if self.curve is None else seconds_per_token(self.curve)
+
+    def expected(self, ratio: float) -> float:
+        """Expected seconds per new token with ``ratio`` prompt tokens read per new token."""
+        return self.decoding().seconds + ratio * self.prompt_seconds()
 
     def summary(self) -> str:
-        """``"prepared float32 28.4 ms/token (N=8)"``, or ``"prepared bfloat16 not measured (why)"``."""
-        found = self.score()
+        """``"stock float32 47.7 ms/token (N=8) + 2.7 ms a prompt token"``, or
+        ``"prepared bfloat16 not measured (why)"``."""
+        found = self.decoding()
         if found is None:
             return f"{self.name} not measured ({self.refused})"
-        seconds, width = found
         busy = "" if self.contended is None else f", measured while other work took {self.contended:.0%} of its cores"
-        return f"{self.name} {seconds * 1e3:.1f} ms/token (N={width}{busy})"
+        return (f"{self.name} {found.seconds * 1e3:.1f} ms/token ({found.describe()}{busy}) + "
+                f"{self.prompt_seconds() * 1e3:.1f} ms a prompt token")
 
     def as_dict(self) -> dict:
         return {"name": self.name, "curve": None if self.curve is None else self.curve.as_dict(),
@@ -159,14 +178,30 @@ def prefill_seconds_per_token(curve: CostCurve) -> float:
     return curve.cost(PREFILL_WIDTH) / PREFILL_WIDTH
 
 
-def seconds_per_token(curve: CostCurve, share: float = CONFIDENT_SHARE,
-                      tau: dict[int, float] = CONFIDENT_TAU) -> tuple[float, int]:
-    """What the default decoder can expect per token with this curve, and the width N of its wide
-    passes (1: plain decoding pays best): the least, over the widths of ``tau``, of
-    ``((1 - share) c(1) + share c(N)) / ((1 - share) + share tau(N))``, and c(1) itself."""
-    one = curve.cost(1)
-    mixed = [(((1 - share) * one + share * curve.cost(n)) / ((1 - share) + share * t), n) for n, t in tau.items()]
-    return min([(one, 1), *mixed])
+class DecodingEstimate(NamedTuple):
+    """Expected ``seconds`` per new token, the width of the confident steps' passes (``wide``; 0: no
+    step pays for a wide pass) and that of the other steps' (``narrow``: 1 or 2)."""
+
+    seconds: float
+    wide: int
+    narrow: int = 1
+
+    def describe(self) -> str:
+        narrow = "" if self.narrow == 1 else f", weak steps at N={self.narrow}"
+        return f"N={self.wide}{narrow}" if self.wide else f"plain, N={self.narrow}"
+
+
+def seconds_per_token(curve: CostCurve, share: float = CONFIDENT_SHARE, tau: dict[int, float] = CONFIDENT_TAU,
+                      weak: dict[int, float] = WEAK_TAU) -> DecodingEstimate:
+    """What the default decoder can expect per token with this curve: each step with weak drafts at
+    the width n of ``weak`` that costs least per token (``c(n) / weak(n)``), and the least, over the
+    widths N of ``tau``, of ``((1 - share) c(n) + share c(N)) / ((1 - share) weak(n) + share tau(N))``
+    where a confident share of wide passes pays, else those narrow steps alone."""
+    narrow = min(weak, key=lambda n: (curve.cost(n) / weak[n], n))
+    cost, tokens = curve.cost(narrow), weak[narrow]
+    mixed = [DecodingEstimate(((1 - share) * cost + share * curve.cost(n)) / ((1 - share) * tokens + share * t), n,
+                              narrow) for n, t in tau.items()]
+    return min([DecodingEstimate(cost / tokens, 0, narrow), *mixed], key=lambda found: found.seconds)
 
 
 @dataclass(frozen=True)
@@ -214,28 +249,41 @@ class AutoChoice:
                    float(data.get("measure_seconds", 0.0)), path, cached=True)
 
 
-def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> AutoChoice:
-    """The candidate with the lowest expected seconds per token, stock float32 unless another beats
-    it by more than :data:`STOCK_PREFERENCE` (stock float32, measured or not, where none was
-    measured), and the reason, one line naming every candidate's score and ``where``
-    (the processor and thread count)."""
-    scored = [(c.score(), i, c) for i, c in enumerate(candidates) if c.curve is not None]
-    if not scored:
-        name = STOCK_FP32
-        reason = "; ".join(c.summary() for c in candidates) or "nothing measured"
-        return AutoChoice(name, f"{reason}; {where}", tuple(candidates))
-    def expected(item) -> float:  # stock float32 credited with STOCK_PREFERENCE
-        return item[0][0] * (1 - STOCK_PREFERENCE if item[2].name == STOCK_FP32 else 1)
+def shortfalls(candidates) -> dict[str, float]:
+    """Each measured candidate's largest shortfall against the fastest, over the prompt ratios of
+    :data:`PROMPT_RATIOS`: ``max over r of expected(r) / (least expected(r)) - 1`` (0: fastest
+    everywhere), stock float32's expected time credited with :data:`STOCK_PREFERENCE`."""
+    def expected(candidate: Candidate, ratio: float) -> float:
+        return candidate.expected(ratio) * (1 - STOCK_PREFERENCE if candidate.name == STOCK_FP32 else 1)
 
-    (seconds, width), _, best = min(scored, key=lambda item: (expected(item), item[1]))
-    others = [c.summary() for c in candidates if c is not best]
-    prefill = PROMPT_TOKENS_PER_NEW_TOKEN * best.prompt_seconds()
-    decoding = (f"plain decoding (c(1) {best.curve.cost(1) * 1e3:.1f} ms)" if width == 1 else
-                f"decoding at c(1) {best.curve.cost(1) * 1e3:.1f} ms, {CONFIDENT_SHARE:.0%} of steps at "
-                f"N={width} (c({width}) {best.curve.cost(width) * 1e3:.1f} ms / tau {CONFIDENT_TAU[width]})")
+    measured = [c for c in candidates if c.curve is not None]
+    fastest = {r: min(expected(c, r) for c in measured) for r in PROMPT_RATIOS}
+    return {c.name: max(expected(c, r) / fastest[r] for r in PROMPT_RATIOS) - 1 for c in measured}
+
+
+def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> AutoChoice:
+    """The candidate whose largest shortfall against the fastest, over the prompt ratios of
+    :data:`PROMPT_RATIOS`, is least (:func:`shortfalls`; stock float32, measured or not, where none
+    was measured), and the reason, one line naming every candidate's estimate and ``where`` (the
+    processor and thread count)."""
+    if not any(c.curve is not None for c in candidates):
+        reason = "; ".join(c.summary() for c in candidates) or "nothing measured"
+        return AutoChoice(STOCK_FP32, f"{reason}; {where}", tuple(candidates))
+    behind = shortfalls(candidates)
+    best = min((c for c in candidates if c.curve is not None), key=lambda c: behind[c.name])  # first of equals
+    found = best.decoding()
+    few, many = PROMPT_RATIOS[0], PROMPT_RATIOS[-1]
+    decoding = (f"plain decoding (c({found.narrow}) {best.curve.cost(found.narrow) * 1e3:.1f} ms)" if not found.wide else
+                f"decoding at c({found.narrow}) {best.curve.cost(found.narrow) * 1e3:.1f} ms, {CONFIDENT_SHARE:.0%} of "
+                f"steps at N={found.wide} (c({found.wide}) {best.curve.cost(found.wide) * 1e3:.1f} ms / tau "
+                f"{CONFIDENT_TAU[found.wide]})")
     busy = "" if best.contended is None else f" (measured while other work took {best.contended:.0%} of its cores)"
-    reason = (f"expected {seconds * 1e3:.1f} ms/token{busy}: {decoding} and {prefill * 1e3:.1f} ms reading "
-              f"{PROMPT_TOKENS_PER_NEW_TOKEN:g} prompt tokens, against " + ", ".join(others) + f"; {where}")
+    others = [c.summary() + ("" if c.curve is None else f", up to {behind[c.name]:.0%} behind")
+              for c in candidates if c is not best]
+    lead = ("the fastest" if behind[best.name] == 0 else f"at most {behind[best.name]:.1%} behind the fastest")
+    reason = (f"{lead} from {few:g} to {many:g} prompt tokens per new token, expected {best.expected(few) * 1e3:.1f}"
+              f"-{best.expected(many) * 1e3:.1f} ms/token{busy}: {decoding}, prompts at "
+              f"{best.prompt_seconds() * 1e3:.1f} ms a token; against " + ", ".join(others) + f"; {where}")
     return AutoChoice(best.name, reason, tuple(candidates))
 
 
@@ -249,7 +297,8 @@ def choice_key(identity: dict, attn_implementation: str, device: torch.device, c
             "accelerator": accelerator_name(device), "processor": cpu.name, "units": cpu.matrix_units,
             "onednn_bf16": cpu.onednn_bf16, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "tau": {str(n): t for n, t in CONFIDENT_TAU.items()},
-            "confident_share": CONFIDENT_SHARE,
+            "confident_share": CONFIDENT_SHARE, "weak_tau": {str(n): t for n, t in WEAK_TAU.items()},
+            "prompt_ratios": list(PROMPT_RATIOS),
             "context": CHOICE_CONTEXT, "kernel_environment": kernel_environment()}
 
 
