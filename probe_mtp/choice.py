@@ -118,7 +118,8 @@ CHOICE_ROUNDS = 3
 # measurements of one configuration at most, while other work keeps taking its cores
 MEASURE_TRIES = 3
 # 10: weak steps at the cheaper of one and two inputs, wide passes credited with more tokens,
-# prompts charged at every ratio of PROMPT_RATIOS (the least worst shortfall wins); 9: configurations measured again while other work takes their cores (a choice kept before may
+# prompts charged at every ratio of PROMPT_RATIOS (the least worst shortfall wins); 9:
+# configurations measured again while other work takes their cores (a choice kept before may
 # have been measured so, unseen); 8: prompt reading measured as the prompt pass runs (logits at its
 # last input only), not taken from the curve's 64-input pass (logits at every input); 7: float32
 # packed for wide passes by oneDNN measured too; 6: float32 packed for wide passes measured too; 5:
@@ -276,10 +277,10 @@ def choose(candidates: list[Candidate] | tuple[Candidate, ...], where: str) -> A
     best = min((c for c in candidates if c.curve is not None), key=lambda c: behind[c.name])  # first of equals
     found = best.decoding()
     few, many = PROMPT_RATIOS[0], PROMPT_RATIOS[-1]
-    decoding = (f"plain decoding (c({found.narrow}) {best.curve.cost(found.narrow) * 1e3:.1f} ms)" if not found.wide else
-                f"decoding at c({found.narrow}) {best.curve.cost(found.narrow) * 1e3:.1f} ms, {CONFIDENT_SHARE:.0%} of "
-                f"steps at N={found.wide} (c({found.wide}) {best.curve.cost(found.wide) * 1e3:.1f} ms / tau "
-                f"{CONFIDENT_TAU[found.wide]})")
+    narrow = f"c({found.narrow}) {best.curve.cost(found.narrow) * 1e3:.1f} ms"
+    decoding = (f"plain decoding ({narrow})" if not found.wide else
+                f"decoding at {narrow}, {CONFIDENT_SHARE:.0%} of steps at N={found.wide} (c({found.wide}) "
+                f"{best.curve.cost(found.wide) * 1e3:.1f} ms / tau {CONFIDENT_TAU[found.wide]})")
     busy = "" if best.contended is None else f" (measured while other work took {best.contended:.0%} of its cores)"
     others = [c.summary() + ("" if c.curve is None else f", up to {behind[c.name]:.0%} behind")
               for c in candidates if c is not best]

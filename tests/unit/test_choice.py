@@ -156,7 +156,8 @@ def test_the_least_worst_shortfall_over_prompt_ratios_wins_and_the_reason_names_
             PACKED_WIDE_FP32_ONEDNN: {1: 57.8, 2: 87.9, 4: 97.2, 8: 116.5, 16: 134.5, 32: 232.5, 64: 370.2},
             PREPARED_BF16: {1: 63.2, 2: 78.1, 4: 114.5, 8: 168.3, 16: 275.2, 32: 520.3, 64: 1003.3},
             PREPARED_FP32: {1: 81.7, 2: 82.8, 4: 85.7, 8: 89.0, 16: 112.6, 32: 208.5, 64: 301.8}}
-    on_xeon = [Candidate(name, curve(ms), prompt=None if name == PREPARED_BF16 else 0.0025) for name, ms in xeon.items()]
+    on_xeon = [Candidate(name, curve(ms), prompt=None if name == PREPARED_BF16 else 0.0025)
+               for name, ms in xeon.items()]
     assert choose(on_xeon, WHERE).name == PACKED_WIDE_FP32
 
 
@@ -173,8 +174,8 @@ def test_a_configuration_slow_on_long_prompts_loses_to_one_a_little_slower_on_sh
     assert behind[PACKED_WIDE_FP32_ONEDNN] < 0.05 and behind[PREPARED_BF16] > 0.5
     found = choose(candidates, WHERE)
     assert found.name == PACKED_WIDE_FP32_ONEDNN and not found.prepared and found.dtype == torch.float32
-    assert f"prepared bfloat16 26.0 ms/token (N=2, weak steps at N=2) + 7.1 ms a prompt token, up to {behind[PREPARED_BF16]:.0%} behind" \
-        in found.reason
+    bf16_line = "prepared bfloat16 26.0 ms/token (N=2, weak steps at N=2) + 7.1 ms a prompt token"
+    assert f"{bf16_line}, up to {behind[PREPARED_BF16]:.0%} behind" in found.reason
 
 
 def test_prompt_reading_as_measured_replaces_the_curves_estimate():
